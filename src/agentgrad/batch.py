@@ -1,0 +1,115 @@
+"""TokenBatch and `collate`: the one place where lists of trajectories become tensors.
+
+Conventions (all tensors right-padded to the longest sequence, T):
+- position t of every per-token tensor describes token t of `input_ids`;
+- `old_logprobs[b, t]` is log pi_behaviour(input_ids[b, t] | input_ids[b, :t]); position 0 is always 0;
+- `loss_mask[b, t] == 1` exactly where token t was sampled by the policy and the sample is trainable
+  (padding, prompt, tool observations and masked samples are 0);
+- `token_rewards[b, t]` credits rewards at tokens: each turn's process reward on that turn's last generated
+  token, the outcome reward on the last generated token of the episode.
+Turns are the maximal runs of 1s in the (unmasked) policy mask; estimators that discount per turn derive them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from agentgrad.types import ScoredTrajectory, Trajectory
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long, 1 on real tokens
+    loss_mask: torch.Tensor  # (B, T) float, 1 on trainable policy tokens
+    old_logprobs: torch.Tensor  # (B, T) float, behaviour logprobs
+    token_rewards: torch.Tensor  # (B, T) float
+    group_index: torch.Tensor  # (B,) long, which TrajectoryGroup each row came from
+    advantages: torch.Tensor | None = None  # (B, T) float
+    returns: torch.Tensor | None = None  # (B, T) float
+    ref_logprobs: torch.Tensor | None = None  # (B, T) float, frozen reference policy
+
+    @property
+    def num_sequences(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    def replace(self, **changes: torch.Tensor | None) -> "TokenBatch":
+        return dataclasses.replace(self, **changes)
+
+    def select(self, rows: torch.Tensor | slice) -> "TokenBatch":
+        """Rows of the batch (for minibatches); trims trailing all-padding columns."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        picked = {k: (v[rows] if v is not None else None) for k, v in fields.items()}
+        width = int(picked["attention_mask"].sum(dim=1).max().item()) if picked["attention_mask"].numel() else 0
+        return TokenBatch(**{k: (v[:, :width] if v is not None and v.dim() == 2 else v) for k, v in picked.items()})
+
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        return TokenBatch(**{f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
+                                      else None) for f in dataclasses.fields(self)})
+
+
+def _token_rewards(sample: ScoredTrajectory) -> list[float]:
+    traj = sample.trajectory
+    rewards = [0.0] * len(traj.token_ids)
+    if sample.reward.masked:
+        return rewards
+    gen_turns = [t for t in traj.turns if t.end > t.start]
+    for turn, r in zip(traj.turns, sample.reward.process):
+        if turn.end > turn.start:
+            rewards[turn.end - 1] += r
+    if gen_turns:
+        rewards[gen_turns[-1].end - 1] += sample.reward.outcome
+    else:  # nothing generated: credit the last token so the reward is not silently lost
+        last = max(i for i, m in enumerate(traj.loss_mask) if m) if any(traj.loss_mask) else len(rewards) - 1
+        rewards[last] += sample.reward.outcome
+    return rewards
+
+
+def collate(
+    samples: Sequence[ScoredTrajectory | Trajectory],
+    *,
+    pad_token_id: int,
+    group_index: Sequence[int] | None = None,
+    max_length: int | None = None,
+) -> TokenBatch:
+    """Pad a list of trajectories into a TokenBatch. Plain `Trajectory`s (e.g. expert demos) get zero rewards.
+
+    Masked samples (`reward.masked`) keep their tokens but get an all-zero loss_mask, so they cost no
+    gradient and are still visible to metrics.
+    """
+    if not samples:
+        raise ValueError("collate() needs at least one trajectory")
+    trajs = [s.trajectory if isinstance(s, ScoredTrajectory) else s for s in samples]
+    lengths = [len(t.token_ids) for t in trajs]
+    width = max(lengths)
+    if max_length is not None and width > max_length:
+        raise ValueError(f"trajectory of {width} tokens exceeds max_length={max_length}")
+    B = len(trajs)
+    input_ids = torch.full((B, width), pad_token_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((B, width), dtype=torch.long)  # (B, T)
+    loss_mask = torch.zeros((B, width), dtype=torch.float32)  # (B, T)
+    old_logprobs = torch.zeros((B, width), dtype=torch.float32)  # (B, T)
+    token_rewards = torch.zeros((B, width), dtype=torch.float32)  # (B, T)
+    for b, (sample, traj) in enumerate(zip(samples, trajs)):
+        n = lengths[b]
+        input_ids[b, :n] = torch.tensor(traj.token_ids, dtype=torch.long)
+        attention_mask[b, :n] = 1
+        old_logprobs[b, :n] = torch.tensor(traj.logprobs, dtype=torch.float32)
+        masked = isinstance(sample, ScoredTrajectory) and sample.reward.masked
+        if not masked:
+            loss_mask[b, :n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+        if isinstance(sample, ScoredTrajectory):
+            token_rewards[b, :n] = torch.tensor(_token_rewards(sample), dtype=torch.float32)
+    groups = torch.tensor(list(group_index) if group_index is not None else range(B), dtype=torch.long)  # (B,)
+    if groups.shape[0] != B:
+        raise ValueError(f"group_index has {groups.shape[0]} entries for {B} samples")
+    return TokenBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
+                      old_logprobs=old_logprobs, token_rewards=token_rewards, group_index=groups)

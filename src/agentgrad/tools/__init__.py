@@ -1,0 +1,4 @@
+from agentgrad.tools.base import TOOLS, FunctionTool, Tool, ToolErrorKind, ToolResult, ToolSet, tool, tool_schema
+from agentgrad.tools import calculator as _calculator  # noqa: F401  (registers the builtin)
+
+__all__ = ["TOOLS", "FunctionTool", "Tool", "ToolErrorKind", "ToolResult", "ToolSet", "tool", "tool_schema"]

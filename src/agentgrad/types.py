@@ -1,0 +1,191 @@
+"""Frozen records that flow one way: Task -> Trajectory -> ScoredTrajectory -> TrajectoryGroup.
+
+Plain Python only (no torch): these records cross process boundaries (Ray workers, the trajectory store),
+so they must pickle and serialise to JSON cheaply. `batch.collate` is the only place they become tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem for the agent. `answer` is what the verifier compares against; the env never shows it."""
+
+    task_id: str
+    prompt: str
+    answer: str
+    suite: str = "custom"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---- actions: what the policy's text parses into; an Env.step takes exactly one of these --------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+
+    def key(self) -> str:
+        """Canonical identity of the call, used to detect repeated (dead-loop) calls."""
+        import json
+
+        return self.name + ":" + json.dumps(self.arguments, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    text: str
+
+
+@dataclass(frozen=True)
+class InvalidAction:
+    """Text that looked like a tool call but could not be parsed. Becomes an error observation, never a crash."""
+
+    text: str
+    error: str
+
+
+Action = Union[ToolCall, FinalAnswer, InvalidAction]
+
+
+class StopReason(str, enum.Enum):
+    ANSWERED = "answered"
+    MAX_TURNS = "max_turns"
+    MAX_TOKENS = "max_tokens"
+    INVALID_CALLS = "invalid_calls"
+    REPEATED_CALL = "repeated_call"
+    ENV_TERMINATED = "env_terminated"
+
+
+@dataclass(frozen=True)
+class Message:
+    """A chat message in the OpenAI/HF shape. `tool_calls` only on assistant messages."""
+
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def to_chat(self) -> dict[str, Any]:
+        """The dict form that HF chat templates (and OpenAI logs) expect."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+                for c in self.tool_calls
+            ]
+        return out
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One policy turn: the generated span, what it parsed to, and what the environment answered.
+
+    `start`/`end` index into `Trajectory.token_ids` (end exclusive) and cover exactly the generated tokens.
+    """
+
+    start: int
+    end: int
+    text: str
+    action: Action
+    observation: str | None
+    tool_ok: bool | None = None
+    tool_error: str | None = None
+    signals: Mapping[str, Any] = field(default_factory=dict)
+    env_reward: float = 0.0
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode, token-in/token-out.
+
+    `token_ids`, `loss_mask` and `logprobs` have one entry per token of the whole episode (prompt, generated
+    turns, observations). `loss_mask[i] == 1` exactly where token i was sampled by the policy; `logprobs[i]`
+    is the behaviour policy's log-probability of token i (0.0 where loss_mask is 0).
+    """
+
+    task: Task
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_length: int
+    turns: tuple[Turn, ...]
+    stop_reason: StopReason
+    messages: tuple[Message, ...] = ()
+    policy_version: int = 0
+    sample_index: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"token_ids, loss_mask, logprobs must have equal length; got {n}, "
+                f"{len(self.loss_mask)}, {len(self.logprobs)}"
+            )
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def final_answer(self) -> str | None:
+        for turn in reversed(self.turns):
+            if isinstance(turn.action, FinalAnswer):
+                return turn.action.text
+        return None
+
+    @property
+    def num_invalid_calls(self) -> int:
+        return sum(1 for t in self.turns if isinstance(t.action, InvalidAction) or t.tool_error is not None)
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """What a reward function says about one trajectory.
+
+    `process` has one entry per turn (verifiable step rewards). `masked` means "do not train on this sample"
+    (the reward function failed): such a sample is excluded from the loss and counted, never scored 0.
+    """
+
+    outcome: float
+    process: tuple[float, ...] = ()
+    masked: bool = False
+    reason: str | None = None
+
+    @property
+    def total(self) -> float:
+        return self.outcome + sum(self.process)
+
+    def __post_init__(self) -> None:
+        if not self.masked and not (math.isfinite(self.outcome) and all(math.isfinite(p) for p in self.process)):
+            raise ValueError("a non-finite reward must be reported as masked=True, not returned as a score")
+
+
+@dataclass(frozen=True)
+class ScoredTrajectory:
+    trajectory: Trajectory
+    reward: RewardBreakdown
+    success: bool
+
+    @property
+    def total_reward(self) -> float:
+        return self.reward.total
+
+
+@dataclass(frozen=True)
+class TrajectoryGroup:
+    """All samples of one task: the unit that group-relative estimators (GRPO, RLOO) normalise within."""
+
+    task: Task
+    samples: tuple[ScoredTrajectory, ...]
+
+    @property
+    def is_zero_signal(self) -> bool:
+        """True when every unmasked sample got the same reward: group-relative advantages are all zero."""
+        totals = {round(s.total_reward, 9) for s in self.samples if not s.reward.masked}
+        return len(totals) <= 1
