@@ -1,0 +1,53 @@
+"""Pure tensor math for RL on token sequences: advantages, losses, KL, off-policy weights.
+
+Tensors in, tensors out. Imports nothing of agentgrad except `agentgrad.registry`. Conventions (shapes,
+masks, reward placement) are those of `agentgrad.batch`.
+"""
+
+from agentgrad.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageOutput,
+    AdvantageParams,
+    masked_whiten,
+    turn_index,
+    turn_returns,
+    zero_signal_groups,
+)
+from agentgrad.algos.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    kl_estimate,
+    kl_loss,
+    kl_reward_penalty,
+    make_kl_controller,
+)
+from agentgrad.algos.losses import (
+    AGGREGATIONS,
+    DPOLoss,
+    PolicyLoss,
+    ValueLoss,
+    aggregate,
+    dpo_loss,
+    entropy_bonus,
+    entropy_from_logits,
+    masked_mean,
+    ppo_clip_loss,
+    sequence_logprobs,
+    sft_loss,
+    value_loss,
+)
+from agentgrad.algos.off_policy import IS_LEVELS, IS_MODES, ISWeights, importance_weights
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "AdvantageOutput", "AdvantageParams", "masked_whiten",
+    "turn_index", "turn_returns", "zero_signal_groups",
+    "KL_CONTROLLERS", "KL_ESTIMATORS", "AdaptiveKLController", "FixedKLController", "KLController",
+    "kl_estimate", "kl_loss", "kl_reward_penalty", "make_kl_controller",
+    "AGGREGATIONS", "DPOLoss", "PolicyLoss", "ValueLoss", "aggregate", "dpo_loss", "entropy_bonus",
+    "entropy_from_logits", "masked_mean", "ppo_clip_loss", "sequence_logprobs", "sft_loss", "value_loss",
+    "IS_LEVELS", "IS_MODES", "ISWeights", "importance_weights",
+]

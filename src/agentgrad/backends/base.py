@@ -1,0 +1,54 @@
+"""Policy (inference) and Learner (training) protocols. Backends: hf today; vllm, fsdp, deepspeed, ray later."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from agentgrad.batch import TokenBatch
+
+# (row index in the batch, generated-so-far ids of that row, logits (V,)) -> logits with illegal ids at -inf.
+LogitsProcessor = Callable[[int, Sequence[int], torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not (0 < self.top_p <= 1) or self.max_new_tokens < 1:
+            raise ValueError(f"invalid sampling params: {self}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Sampled ids (including the stop token when one was produced) and their logprobs under the sampling
+    distribution (temperature- and mask-adjusted), so PPO ratios are exact."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" | "length"
+
+
+@runtime_checkable
+class Policy(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                 logits_processor: LogitsProcessor | None = None) -> list[Generation]: ...
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
+@runtime_checkable
+class Learner(Protocol):
+    def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor: ...  # (B, T)
+
+    def step(self, loss: torch.Tensor) -> Mapping[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...

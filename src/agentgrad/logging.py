@@ -1,0 +1,90 @@
+"""Metric sinks and the live progress display.
+
+Metrics are flat `{"section/name": float}` records (e.g. `rollout/success_rate`, `loss/policy`) written one JSON
+object per line to `metrics.jsonl`; other backends (tensorboard, wandb, mlflow) plug in as further sinks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Mapping, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class MetricSink(Protocol):
+    def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", buffering=1)
+
+    def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, "stage": stage, "time": round(time.time(), 3)}
+        record.update({k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()})
+        self._fh.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class ProgressDisplay:
+    """One rich progress bar per stage, with the numbers a user watches: success, reward, KL, tokens/s."""
+
+    FIELDS = (("rollout/success_rate", "success", "{:.0%}"), ("rollout/reward_mean", "reward", "{:.2f}"),
+              ("loss/kl", "kl", "{:.4f}"), ("loss/bc", "bc_loss", "{:.3f}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"))
+
+    def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
+        self.enabled = enabled
+        self.console = console or Console(stderr=True)
+        self._progress: Progress | None = None
+        self._task = None
+
+    def start(self, stage: str, total: int) -> None:
+        self.stop()
+        if not self.enabled:
+            return
+        self._progress = Progress(TextColumn(f"[bold]{stage}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                  console=self.console, transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task(stage, total=total, stats="")
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self._progress is None:
+            return
+        stats = "  ".join(f"{label} {fmt.format(metrics[key])}" for key, label, fmt in self.FIELDS if key in metrics)
+        self._progress.update(self._task, completed=step, stats=stats)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def print(self, message: str) -> None:
+        self.console.print(message)
+
+
+class RunLogger:
+    def __init__(self, sinks: list[MetricSink], display: ProgressDisplay) -> None:
+        self.sinks = sinks
+        self.display = display
+
+    def log(self, step: int, stage: str, metrics: Mapping[str, float]) -> None:
+        for sink in self.sinks:
+            sink.write(step, stage, metrics)
+        self.display.update(step, metrics)
+
+    def close(self) -> None:
+        self.display.stop()
+        for sink in self.sinks:
+            sink.close()

@@ -1,0 +1,82 @@
+"""The embedded default model: a tiny Qwen2-architecture causal LM and a tokenizer trained locally.
+
+Both are saved with `save_pretrained`, so the run loads them through exactly the code path that loads a real
+checkpoint (a local directory or a hub id such as Qwen2.5-0.5B-Instruct).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from agentgrad.models.chat_templates import SPECIAL_TOKENS, TINY_TEMPLATE, TOOL_TAG_TOKENS
+
+
+def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = 512):
+    """Byte-level BPE whose digits are always single tokens (tiny models only learn to copy numbers then).
+
+    Returns a `transformers.PreTrainedTokenizerFast` with the chat template and tool tags installed.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.add_tokens(TOOL_TAG_TOKENS, special_tokens=False)
+    fast.chat_template = TINY_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
+                     num_kv_heads: int = 2, intermediate_size: int = 384, max_positions: int = 1024, seed: int = 0):
+    """A randomly initialised Qwen2ForCausalLM sized for CPU training (~1M parameters at the defaults)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    return model
+
+
+def save_tiny_model(directory: str | Path, corpus: Iterable[str], *, vocab_size: int = 512, seed: int = 0,
+                    **model_kwargs) -> Path:
+    """Train the tokenizer on `corpus`, build the model, and save both in HF format to `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

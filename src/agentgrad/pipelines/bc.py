@@ -1,0 +1,56 @@
+"""Behaviour cloning: SFT on expert trajectories, loss on the policy's own tokens only."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from agentgrad.algos.losses import sft_loss
+from agentgrad.batch import collate
+from agentgrad.logging import RunLogger
+from agentgrad.pipelines.components import Components
+from agentgrad.rollout.loop import expert_trajectory
+from agentgrad.types import Trajectory
+
+
+def expert_demos(c: Components, n: int, seed: int) -> list[Trajectory]:
+    tasks = c.suite.sample_tasks(n, split="train", seed=seed)
+    env = c.suite.make_env()
+    return [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
+
+
+def cosine_lr(step: int, *, peak: float, warmup: int, total: int, floor: float = 0.1) -> float:
+    """Linear warm-up to `peak`, cosine decay to `floor * peak` at `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: int) -> dict[str, float]:
+    cfg = c.config.bc
+    c.learner.set_lr(cosine_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps))
+    batch = collate(rng.sample(demos, min(cfg.batch_size_episodes, len(demos))), pad_token_id=c.pad_token_id)
+    logprobs = c.learner.logprobs(batch)  # (B, T)
+    loss = sft_loss(logprobs, batch.loss_mask)
+    metrics = c.learner.step(loss)
+    return {"loss/bc": float(loss), "train/lr": cosine_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps,
+                                                           total=cfg.steps),
+            "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
+
+
+def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None) -> None:
+    cfg = c.config.bc
+    if cfg.steps == 0:
+        return
+    demos = demos if demos is not None else expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
+    rng = random.Random(c.config.run.seed)
+    logger.display.start("bc", cfg.steps)
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        metrics = bc_step(c, demos, rng, step)
+        metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
+        if (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
+            logger.log(step + 1, "bc", metrics)
+    logger.display.stop()

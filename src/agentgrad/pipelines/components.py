@@ -1,0 +1,101 @@
+"""Build the pieces a run needs from its config. The only place (with cli.py) that wires packages together."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agentgrad.backends.hf import HFPolicy, TorchLearner
+from agentgrad.config import Config
+from agentgrad.envs import SUITES, TaskSuite
+from agentgrad.models.hf import LoadedModel, load_model
+from agentgrad.rewards.base import REWARDS, RewardFn
+from agentgrad.rollout.chat import ChatCodec
+from agentgrad.rollout.loop import RolloutLimits
+from agentgrad.types import Message
+
+
+@dataclass
+class Components:
+    config: Config
+    suite: TaskSuite
+    loaded: LoadedModel
+    codec: ChatCodec
+    policy: HFPolicy
+    learner: TorchLearner
+    reward_fn: RewardFn
+    limits: RolloutLimits
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.loaded.pad_token_id
+
+
+def make_suite(config: Config) -> TaskSuite:
+    return SUITES.get(config.env.name)(**config.env.options)
+
+
+def rollout_limits(config: Config) -> RolloutLimits:
+    r = config.rollout
+    return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens_per_turn,
+                         max_total_tokens=r.max_total_tokens, max_invalid_calls=r.max_invalid_calls,
+                         repeated_call_limit=r.repeated_call_limit)
+
+
+def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int) -> list[str]:
+    """Expert chats rendered with the tiny chat template: the tokenizer's training corpus."""
+    import jinja2
+
+    from agentgrad.models.chat_templates import TINY_TEMPLATE
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x: __import__("json").dumps(x, ensure_ascii=False)
+    template = env.from_string(TINY_TEMPLATE)
+    texts = []
+    for task in suite.sample_tasks(n, split="train", seed=seed + 7):
+        senv = suite.make_env()
+        obs, info = senv.reset(seed=0, options={"task": task})
+        msgs: list[Message] = [Message("system", info.get("system", "")), Message("user", obs)]
+        for action in suite.expert_actions(task):
+            out = senv.step(action)
+            if hasattr(action, "arguments"):
+                msgs += [Message("assistant", "", tool_calls=(action,)), Message("tool", out[0])]
+            else:
+                msgs.append(Message("assistant", action.text))
+        texts.append(template.render(messages=[m.to_chat() for m in msgs], tools=info["tools"],
+                                     add_generation_prompt=False))
+    return texts
+
+
+def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path) -> Path:
+    from agentgrad.models.tiny import save_tiny_model
+
+    if (directory / "config.json").exists():
+        return directory
+    t = config.model.tiny
+    corpus = _render_expert_transcripts(suite, t.tokenizer_corpus_episodes, config.run.seed)
+    return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed,
+                           hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                           num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None,
+                     lr: float | None = None) -> Components:
+    torch.set_num_threads(config.run.threads)
+    seed_everything(config.run.seed)
+    suite = make_suite(config)
+    path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
+    loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
+    codec = ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
+    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+    learner = TorchLearner(loaded.model, lr=lr or config.algo.lr, grad_clip=config.algo.grad_clip)
+    return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
+                      reward_fn=REWARDS.get("outcome")(suite), limits=rollout_limits(config))
