@@ -47,7 +47,8 @@ class ToolEnv:
         if isinstance(action, InvalidAction):
             obs = f"error (bad_arguments): invalid tool call: {action.error}"
             return obs, 0.0, False, False, {"tool_ok": False, "tool_error": "bad_arguments", "signals": {}}
-        if not self.legal_actions().allows(action):
+        if self.tools.get(action.name) is not None and not self.legal_actions().allows(action):
+            # a known tool the mask excludes; an unknown one falls through to the toolset's `not_found` error
             obs = f"error (denied): tool {action.name!r} is not available in this state"
             return obs, 0.0, False, False, {"tool_ok": False, "tool_error": "denied", "signals": {}}
         result = self.tools.call(action)

@@ -30,14 +30,13 @@ def cosine_lr(step: int, *, peak: float, warmup: int, total: int, floor: float =
 
 def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: int) -> dict[str, float]:
     cfg = c.config.bc
-    c.learner.set_lr(cosine_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps))
+    lr = cosine_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps)
+    c.learner.set_lr(lr)
     batch = collate(rng.sample(demos, min(cfg.batch_size_episodes, len(demos))), pad_token_id=c.pad_token_id)
     logprobs = c.learner.logprobs(batch)  # (B, T)
     loss = sft_loss(logprobs, batch.loss_mask)
     metrics = c.learner.step(loss)
-    return {"loss/bc": float(loss), "train/lr": cosine_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps,
-                                                           total=cfg.steps),
-            "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
+    return {"loss/bc": loss.item(), "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
 
 
 def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None) -> None:

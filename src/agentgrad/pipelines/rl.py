@@ -61,6 +61,9 @@ def policy_update(c: Components, batch: TokenBatch) -> dict[str, float]:
     algo, temperature = c.config.algo, c.config.rollout.temperature
     totals: Counter = Counter()
     n_updates = 0
+    if not bool((batch.advantages * batch.loss_mask).any()):
+        # Every group was zero-signal: a step would only replay Adam's momentum from earlier batches.
+        return {"train/updates": 0.0, "train/no_signal_steps": 1.0}
     generator = torch.Generator().manual_seed(c.config.run.seed)
     for _ in range(algo.epochs_per_step):
         order = torch.randperm(batch.num_sequences, generator=generator)
@@ -73,12 +76,13 @@ def policy_update(c: Components, batch: TokenBatch) -> dict[str, float]:
             if mb.ref_logprobs is not None:
                 kl = kl_loss(logprobs, mb.ref_logprobs, mb.loss_mask, kind=algo.kl_estimator, agg=algo.loss_agg)
                 loss = loss + algo.kl_coef * kl
-                totals["loss/kl"] += float(kl)
+                totals["loss/kl"] += kl.item()
             totals.update(c.learner.step(loss))
-            totals.update({"loss/policy": float(pl.loss), "loss/clipfrac": float(pl.clipfrac),
-                           "loss/approx_kl_old": float(pl.approx_kl)})
+            totals.update({"loss/policy": pl.loss.item(), "loss/clipfrac": pl.clipfrac.item(),
+                           "loss/approx_kl_old": pl.approx_kl.item()})
             n_updates += 1
-    return {k: v / n_updates for k, v in totals.items()} | {"train/updates": float(n_updates)}
+    return {k: v / n_updates for k, v in totals.items()} | {"train/updates": float(n_updates),
+                                                           "train/no_signal_steps": 0.0}
 
 
 def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:

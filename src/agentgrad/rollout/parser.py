@@ -18,7 +18,7 @@ MAX_CALLS_PER_TURN = 8
 def _to_call(body: str, raw: str) -> Action:
     try:
         obj: Any = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, over-long integers, absurd nesting
         return InvalidAction(raw, f"tool call is not valid JSON ({exc.__class__.__name__}: {exc})"[:300])
     if not isinstance(obj, dict):
         return InvalidAction(raw, "tool call must be a JSON object with 'name' and 'arguments'")
@@ -29,7 +29,7 @@ def _to_call(body: str, raw: str) -> Action:
     if isinstance(args, str):  # OpenAI-style arguments serialised as a string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return InvalidAction(raw, "tool call 'arguments' string is not valid JSON")
     if not isinstance(args, dict):
         return InvalidAction(raw, "tool call 'arguments' must be a JSON object")

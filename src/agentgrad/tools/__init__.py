@@ -2,3 +2,4 @@ from agentgrad.tools.base import TOOLS, FunctionTool, Tool, ToolErrorKind, ToolR
 from agentgrad.tools import calculator as _calculator  # noqa: F401  (registers the builtin)
 
 __all__ = ["TOOLS", "FunctionTool", "Tool", "ToolErrorKind", "ToolResult", "ToolSet", "tool", "tool_schema"]
+from agentgrad.tools import python_tool as _python_tool  # noqa: E402,F401  (registers "python")

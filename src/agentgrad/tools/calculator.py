@@ -46,7 +46,7 @@ def evaluate(expression: str) -> int | float:
         raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # ValueError: null bytes, lone surrogates
         raise CalculatorError("not a valid arithmetic expression") from None
     value = _eval(tree)
     if isinstance(value, float):

@@ -1,0 +1,218 @@
+"""Task suites, and the helpers they share: split streams, fictional names, answer matching, per-task envs.
+
+Every suite draws its tasks from a seeded stream per (suite, split, seed) and keeps a task only when a hash of its
+prompt falls in that split's buckets (80% train, 10% heldout, 10% test). So the three splits can never share a
+prompt, whatever the seeds, and a task list is a deterministic function of (options, split, seed) (a longer list
+extends a shorter one).
+
+Standard library only (plus the env/tool base modules): no torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Mapping
+
+from agentgrad.envs.tool_env import ToolEnv
+from agentgrad.tools.base import ToolSet
+from agentgrad.types import Task
+
+SPLITS = ("train", "heldout", "test")
+_SPLIT_BUCKETS = {"train": range(0, 8), "heldout": range(8, 9), "test": range(9, 10)}
+
+
+def check_split(split: str) -> str:
+    if split not in _SPLIT_BUCKETS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    return split
+
+
+def stable_int(*parts: Any, bits: int = 64) -> int:
+    """A hash of `parts` that is stable across processes and Python versions (unlike `hash`)."""
+    data = "\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass")  # model text may hold lone surrogates
+    digest = hashlib.blake2b(data, digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - bits)
+
+
+def split_of(key: str) -> str:
+    """The split a prompt (or any task key) belongs to: 80% train, 10% heldout, 10% test, by a stable hash."""
+    bucket = stable_int("split", key) % 10
+    return next(s for s, r in _SPLIT_BUCKETS.items() if bucket in r)
+
+
+def stream_rng(suite: str, split: str, seed: int, *extra: Any) -> random.Random:
+    """The generator of one (suite, split, seed) stream. Seeded explicitly: no global random state."""
+    return random.Random(stable_int(suite, check_split(split), int(seed), *extra))
+
+
+def sample_in_split(n: int, split: str, make: Callable[[int, int], Task | None], *, per_world: int = 1,
+                    tries_per_world: int = 200) -> list[Task]:
+    """Build `n` tasks whose prompt hashes into `split`: `make(world, i)` proposes task number `i` from world
+    number `world` (drawing from its own seeded generator; it may return None to skip).
+
+    A world gives at most `per_world` tasks; no question comes twice (per `task.metadata["world"]`); after `tries_per_world` proposals without
+    enough tasks the next world is used. Deterministic, and a longer list extends a shorter one."""
+    check_split(split)
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    world = in_world = tries = total = 0
+    while len(tasks) < n:
+        if in_world >= per_world or tries >= tries_per_world:
+            world, in_world, tries = world + 1, 0, 0
+        tries += 1
+        total += 1
+        if total > tries_per_world * (n + 10):
+            raise RuntimeError(f"could not generate {n} {split} tasks; the task space is too small for these options")
+        task = make(world, len(tasks))
+        if task is None or split_of(task.prompt) != split:
+            continue
+        key = f"{task.metadata.get('world', '')}\x1f{task.prompt}"
+        if key in seen:  # no question twice in a list (in the same world, for suites with worlds)
+            continue
+        seen.add(key)
+        in_world += 1
+        tasks.append(task)
+    return tasks
+
+
+# ---- fictional names ----------------------------------------------------------------------------------------
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr",
+           "st", "th", "sh", "qu", "pl", "vr"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou", "ia"]
+_CODAS = ["", "", "", "n", "r", "l", "s", "k", "th", "m", "x"]
+
+
+def fictional_word(rng: random.Random, syllables: int | None = None) -> str:
+    """A pronounceable, capitalised made-up word ("Zorbla", "Thenik")."""
+    k = syllables or rng.choice((2, 2, 2, 3))
+    word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(k)) + rng.choice(_CODAS)
+    return word.capitalize()
+
+
+class NameMaker:
+    """Fictional words that never repeat within one world (so every name token is unique to its entity)."""
+
+    def __init__(self, rng: random.Random, taken: set[str] | None = None) -> None:
+        self.rng = rng
+        self.taken: set[str] = set(taken or ())
+
+    def word(self, syllables: int | None = None) -> str:
+        for _ in range(1000):
+            w = fictional_word(self.rng, syllables)
+            if w.lower() not in self.taken and 4 <= len(w) <= 9:
+                self.taken.add(w.lower())
+                return w
+        raise RuntimeError("ran out of fictional names")
+
+    def person(self) -> str:
+        return f"{self.word(2)} {self.word()}"
+
+
+# ---- answers --------------------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_ARTICLES = {"a", "an", "the"}
+
+
+def extract_number(text: str | None) -> float | None:
+    """The last number in `text` (thousands separators allowed: "81,000"), or None."""
+    if not text:
+        return None
+    cleaned = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+    found = _NUMBER.findall(cleaned)
+    if not found:
+        return None
+    try:
+        value = float(found[-1])
+    except (OverflowError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def normalize(text: str | None) -> str:
+    """Lower case, punctuation to spaces, articles dropped, whitespace collapsed."""
+    words = re.sub(r"[^\w\s]", " ", (text or "").lower()).split()
+    return " ".join(w for w in words if w not in _ARTICLES)
+
+
+def numeric_match(answer: str | None, gold: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> bool:
+    got, want = extract_number(answer), extract_number(gold)
+    return got is not None and want is not None and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def normalized_match(answer: str | None, gold: str, *, extra_words: int = 4) -> bool:
+    """Equal after `normalize`, or the answer ends with the gold answer after at most `extra_words` other words
+    ("It is Velmora." matches "Velmora"; a list of every city does not)."""
+    a, g = normalize(answer), normalize(gold)
+    if not g:
+        return a == g
+    if a == g:
+        return True
+    return a.endswith(" " + g) and len(a.split()) <= len(g.split()) + extra_words
+
+
+def exact_match(answer: str | None, gold: str) -> bool:
+    return (answer or "").strip() == gold.strip()
+
+
+VERIFIERS: dict[str, Callable[[str | None, str], bool]] = {
+    "exact": exact_match, "numeric": numeric_match, "normalized": normalized_match,
+}
+
+
+def verify_by_kind(task: Task, answer: str | None, default: str = "normalized") -> bool:
+    """Check `answer` with the verifier named by `task.metadata["verifier"]` (exact | numeric | normalized)."""
+    kind = task.metadata.get("verifier", default)
+    fn = VERIFIERS.get(kind)
+    if fn is None:
+        raise ValueError(f"unknown verifier {kind!r}; valid: {', '.join(VERIFIERS)}")
+    return fn(answer, task.answer)
+
+
+# ---- per-task worlds ------------------------------------------------------------------------------------------
+
+class LRUCache:
+    """A small thread-safe cache of worlds (a corpus index, a database path), built on first use."""
+
+    def __init__(self, build: Callable[[Any], Any], capacity: int = 128) -> None:
+        self._build = build
+        self._capacity = capacity
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = self._build(key)  # outside the lock: building may be slow; a duplicate build is harmless
+        with self._lock:
+            value = self._items.setdefault(key, value)
+            self._items.move_to_end(key)
+            while len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+            return value
+
+
+class TaskToolEnv(ToolEnv):
+    """A ToolEnv whose tools depend on the task (its generated world: a corpus, a database).
+
+    `toolset_for(task)` is called at every reset; it must return the same tools (names and schemas) for every task
+    of a suite, so the rendered prompt never changes, only what the tools see."""
+
+    def __init__(self, tools: ToolSet, verify: Callable[[Task, str | None], bool], *,
+                 toolset_for: Callable[[Task], ToolSet], system_prompt: str = "") -> None:
+        super().__init__(tools, verify, system_prompt=system_prompt)
+        self._toolset_for = toolset_for
+
+    def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        task = (options or {}).get("task")
+        if isinstance(task, Task):
+            self.tools = self._toolset_for(task)
+        return super().reset(seed=seed, options=options)

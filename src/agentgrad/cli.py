@@ -1,0 +1,127 @@
+"""Command line: `agentgrad train | eval | config | tool run`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train tool-using LLM agents with reinforcement learning.")
+tool_app = typer.Typer(no_args_is_help=True, help="Run tools by hand.")
+app.add_typer(tool_app, name="tool")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def train(
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Built-in preset name or path to a YAML file."),
+) -> None:
+    """Train: BC warm-up on expert demonstrations, then online RL; held-out success after each."""
+    from agentgrad.config import ConfigError, build_config
+
+    try:
+        config = build_config(preset, overrides or [])
+    except ConfigError as exc:
+        _fail(str(exc))
+    from agentgrad.models.hf import ModelLoadError
+    from agentgrad.pipelines.train import train as run_train
+
+    try:
+        summary = run_train(config)
+    except (ModelLoadError, FileExistsError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
+                                                   "wall_time_s")}))
+
+
+@app.command("eval")
+def eval_cmd(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `agentgrad train`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (includes success_rate)."),
+    checkpoint: Optional[str] = typer.Option(None, help="Checkpoint tag under checkpoints/ (default: final)."),
+    num_tasks: Optional[int] = typer.Option(None, help="Held-out tasks (default: the run's eval.num_tasks)."),
+    seed: Optional[int] = typer.Option(None, help="Held-out task seed (default: the run's seed)."),
+) -> None:
+    """Held-out success of a trained run, with a 95% confidence interval."""
+    import torch
+
+    from agentgrad.checkpoint import latest_checkpoint
+    from agentgrad.config import ConfigError, load_config
+    from agentgrad.models.hf import ModelLoadError, load_model
+    from agentgrad.pipelines.components import make_suite, rollout_limits
+    from agentgrad.pipelines.evaluate import evaluate
+    from agentgrad.backends.hf import HFPolicy
+    from agentgrad.rollout.chat import ChatCodec
+
+    if not (run_dir / "config.yaml").exists():
+        _fail(f"{run_dir} is not a run directory (no config.yaml)")
+    try:
+        config = load_config(run_dir / "config.yaml")
+        ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
+        loaded = load_model(ckpt, dtype=config.model.dtype, device=config.model.device)
+    except (ConfigError, ModelLoadError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    torch.set_num_threads(config.run.threads)
+    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+    result = evaluate(policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids), make_suite(config),
+                      rollout_limits(config), num_tasks=num_tasks or config.eval.num_tasks,
+                      seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
+                      batch_size=config.eval.batch_size)
+    if as_json:
+        typer.echo(json.dumps({"checkpoint": str(ckpt), **result.to_dict()}))
+    else:
+        typer.echo(f"{ckpt}: held-out success {result.success_rate:.1%} "
+                   f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, {result.num_successes}/{result.num_tasks})")
+
+
+@app.command()
+def config(
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Show the values of this preset."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides to apply before showing."),
+) -> None:
+    """List every config key with its value and help text."""
+    from agentgrad.config import ConfigError, build_config, describe
+
+    try:
+        cfg = build_config(preset, overrides or []).to_dict()
+    except ConfigError as exc:
+        _fail(str(exc))
+    for key, _default, help_text in describe():
+        value = cfg
+        for part in key.split("."):
+            value = value[part]
+        typer.echo(f"{key} = {value!r}\n    {help_text}")
+
+
+@tool_app.command("run")
+def tool_run(
+    name: str = typer.Argument(..., help="Tool name: calculator, python, search, open, sql."),
+    args: str = typer.Option("{}", "--args", help="Arguments as a JSON object."),
+    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus ({doc_id,title,text}) for search/open."),
+    db: Optional[Path] = typer.Option(None, help="SQLite file for sql."),
+    timeout: Optional[float] = typer.Option(None, help="Tool timeout in seconds."),
+) -> None:
+    """Run one tool and print its result as JSON."""
+    from agentgrad.tools.runner import run_tool
+
+    out = run_tool(name, args, corpus_path=corpus, db_path=db, timeout_s=timeout)
+    typer.echo(json.dumps(out))
+    if not out.get("ok"):
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+import pytest
+
+from agentgrad.config import Config, ConfigError, build_config, describe, load_config, parse_overrides, save_config
+
+
+def test_defaults_and_dotted_overrides():
+    cfg = build_config(overrides=["algo.group_size=16", "rollout.temperature=0.7", "run.name=x"])
+    assert cfg.algo.group_size == 16 and cfg.rollout.temperature == 0.7 and cfg.run.name == "x"
+    assert cfg.episodes_per_step == cfg.algo.tasks_per_step * 16
+
+
+def test_section_shorthand_sets_name():
+    assert parse_overrides(["env=arithmetic"]) == {"env": {"name": "arithmetic"}}
+
+
+def test_unknown_key_lists_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        build_config(overrides=["algo.grup_size=4"])
+    assert "algo.grup_size" in str(err.value) and "group_size" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        build_config(overrides=["nonsense.x=1"])
+    assert "valid keys here" in str(err.value) and "rollout" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["algo.group_size=1", "rollout.temperature=-1", "algo.group_size=abc",
+                                 "rollout.max_new_tokens_per_turn=4000", "noequals"])
+def test_invalid_values_are_errors(bad):
+    with pytest.raises(ConfigError):
+        build_config(overrides=[bad])
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ConfigError) as err:
+        build_config("nope")
+    assert "tiny-cpu" in str(err.value)
+
+
+def test_round_trip(tmp_path):
+    cfg = build_config(overrides=["bc.steps=3"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_every_field_has_help():
+    rows = describe(Config)
+    assert rows and all(help_text for _, _, help_text in rows)

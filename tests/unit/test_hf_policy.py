@@ -1,0 +1,63 @@
+import math
+
+import pytest
+import torch
+
+from agentgrad.backends.base import SamplingParams
+from agentgrad.backends.hf import HFPolicy, token_logprobs
+from agentgrad.batch import collate
+from agentgrad.types import StopReason, Task, Trajectory
+
+
+@pytest.fixture()
+def policy(loaded_tiny):
+    return HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
+
+
+def _as_traj(prompt, gen):
+    ids = tuple(prompt) + gen.token_ids
+    return Trajectory(task=Task("t", "p", "a"), token_ids=ids, loss_mask=(0,) * len(prompt) + (1,) * len(gen.token_ids),
+                      logprobs=(0.0,) * len(prompt) + gen.logprobs, prompt_length=len(prompt), turns=(),
+                      stop_reason=StopReason.MAX_TOKENS)
+
+
+def test_sampled_logprobs_match_a_full_forward(policy, loaded_tiny):
+    """The ratio pi/pi_old starts at exactly 1 (up to float error): sampling and training see the same numbers,
+    including left padding at sampling and right padding at training, and the temperature."""
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
+    gens = policy.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.7, seed=0))
+    batch = collate([_as_traj(p, g) for p, g in zip(prompts, gens)], pad_token_id=loaded_tiny.pad_token_id)
+    with torch.no_grad():
+        recomputed = token_logprobs(loaded_tiny.model, batch.input_ids, batch.attention_mask, temperature=0.7)
+    diff = ((recomputed - batch.old_logprobs) * batch.loss_mask).abs().max().item()
+    assert diff < 1e-4
+
+
+def test_seeded_sampling_is_reproducible_and_greedy_is_deterministic(policy):
+    prompts = [[5, 6, 7], [8, 9, 10]]
+    a = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
+    b = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
+    assert a == b
+    g1 = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    g2 = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert [g.token_ids for g in g1] == [g.token_ids for g in g2]
+    assert all(g.finish_reason in ("stop", "length") for g in a)
+
+
+def test_logits_processor_mask_is_respected_and_logprobs_are_of_the_masked_distribution(policy, loaded_tiny):
+    legal = torch.tensor([20, 21, 22])
+
+    def only_legal(row, generated, logits):
+        masked = torch.full_like(logits, float("-inf"))
+        masked[legal] = logits[legal]
+        return masked
+
+    prompts = [[5, 6, 7]] * 16
+    gens = policy.generate(prompts, SamplingParams(max_new_tokens=3, temperature=1.0, seed=1), only_legal)
+    with torch.no_grad():
+        logits = loaded_tiny.model(torch.tensor([[5, 6, 7]])).logits[0, -1]
+    expected = torch.log_softmax(logits[legal], -1)
+    for g in gens:
+        assert set(g.token_ids) <= set(legal.tolist())
+        first = g.token_ids[0]
+        assert math.isclose(g.logprobs[0], expected[legal.tolist().index(first)].item(), abs_tol=1e-5)

@@ -1,0 +1,273 @@
+"""Every task suite: the expert solves 100% through the real env, check_env passes, splits are disjoint, and
+generation is deterministic per seed (tasks, worlds and observations)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+import agentgrad.envs.tasks.api_catalog  # noqa: F401  (each import registers its suite)
+import agentgrad.envs.tasks.code  # noqa: F401
+import agentgrad.envs.tasks.jsonl  # noqa: F401
+import agentgrad.envs.tasks.multi_tool  # noqa: F401
+import agentgrad.envs.tasks.search_qa  # noqa: F401
+import agentgrad.envs.tasks.sql_qa  # noqa: F401
+from agentgrad.envs import SUITES, TaskSuite, check_env
+from agentgrad.envs.tasks import extract_number, normalized_match, numeric_match, split_of
+from agentgrad.envs.tasks.jsonl import load_jsonl_tasks
+from agentgrad.types import FinalAnswer, InvalidAction, Task, ToolCall
+
+SANDBOX_SUITES = {"code", "multi-tool"}  # python tool: keep the number of sandbox calls small
+N_TASKS = {"code": 8, "multi-tool": 12}
+N_CHECK_ENV = {"code": 1, "multi-tool": 2}
+ALL = ["arithmetic", "search-qa", "sql-qa", "code", "multi-tool", "api-catalog", "jsonl"]
+
+
+def _jsonl_records() -> list[dict]:
+    recs = []
+    for i in range(40):
+        a, b = 12 + 7 * i, 31 + 3 * i
+        recs.append({"task_id": f"mul-{i}", "prompt": f"What is {a} * {b}?", "answer": str(a * b),
+                     "tools": ["calculator"], "verifier": "numeric",
+                     "expert": [{"name": "calculator", "arguments": {"expression": f"{a} * {b}"}}]})
+    recs.append({"task_id": "cap", "prompt": "Capital of the made-up land Vrel?", "answer": "Zorbla", "split": "test"})
+    recs.append({"task_id": "exact", "prompt": "Say OK.", "answer": "OK", "verifier": "exact", "split": "heldout"})
+    return recs
+
+
+@pytest.fixture(scope="module")
+def jsonl_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("jsonl") / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _jsonl_records()) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("sql-cache"))
+
+
+def _options(name: str, jsonl_path, cache_dir) -> dict:
+    return {"sql-qa": {"cache_dir": cache_dir}, "multi-tool": {"cache_dir": cache_dir},
+            "jsonl": {"path": str(jsonl_path)}}.get(name, {})
+
+
+@pytest.fixture(scope="module")
+def suites(jsonl_path, cache_dir):
+    made = {name: SUITES.get(name)(**_options(name, jsonl_path, cache_dir)) for name in ALL}
+    yield made
+    for s in made.values():
+        if hasattr(s, "close"):
+            s.close()
+
+
+def _supported(answer: str, verifier: str, observations: list[str]) -> bool:
+    """The gold answer is visible in what the tools returned (so the expert's calls really find it)."""
+    if verifier == "numeric":
+        want = extract_number(answer)
+        return any(want is not None and abs(float(n) - want) < 1e-6
+                   for obs in observations for n in re.findall(r"-?\d+(?:\.\d+)?", obs))
+    return any(re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", obs) for obs in observations)
+
+
+def run_expert(suite, task: Task) -> tuple[float, list[str], list]:
+    env = suite.make_env()
+    obs, info = env.reset(seed=0, options={"task": task})
+    assert obs == task.prompt and isinstance(info["tools"], list)
+    observations, trace = [], []
+    reward, terminated = 0.0, False
+    for action in suite.expert_actions(task):
+        assert not terminated, "expert acts after the episode ended"
+        assert env.legal_actions().allows(action), f"expert action {action} is masked out"
+        obs, reward, terminated, truncated, info = env.step(action)
+        trace.append((obs, reward, terminated))
+        if isinstance(action, ToolCall):
+            assert info["tool_ok"], f"expert call {action} failed: {obs}"
+            observations.append(obs)
+    assert terminated and not truncated
+    return reward, observations, trace
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_suite_is_registered_and_follows_the_protocol(suites, name):
+    suite = suites[name]
+    assert isinstance(suite, TaskSuite)
+    assert suite.name == name
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_expert_scores_100_percent(suites, name):
+    suite = suites[name]
+    n = N_TASKS.get(name, 30)
+    tasks = suite.sample_tasks(n, split="train", seed=3)
+    assert len(tasks) == n
+    for task in tasks:
+        assert task.suite == name
+        actions = suite.expert_actions(task)
+        assert actions and isinstance(actions[-1], FinalAnswer)
+        assert all(isinstance(a, ToolCall) for a in actions[:-1])
+        reward, observations, _ = run_expert(suite, task)
+        assert reward == 1.0, f"{name}: expert failed on {task.prompt!r} (answer {task.answer!r})"
+        assert suite.verify(task, actions[-1].text)
+        if name != "jsonl" or observations:
+            assert observations, f"{name}: the expert made no tool call"
+            verifier = task.metadata.get("verifier", "numeric")
+            assert _supported(task.answer, verifier, observations), (
+                f"{name}: gold {task.answer!r} not in the tool outputs {observations}")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_check_env_passes(suites, name):
+    suite = suites[name]
+    for task in suite.sample_tasks(N_CHECK_ENV.get(name, 3), split="heldout", seed=1):
+        check_env(suite.make_env(), task, seed=0, actions=suite.expert_actions(task))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_splits_are_disjoint(suites, name):
+    suite = suites[name]
+    n = 5 if name == "jsonl" else 30
+    by_split = {s: suite.sample_tasks(n, split=s, seed=0) for s in ("train", "heldout", "test")}
+    ids = {s: {t.task_id for t in ts} for s, ts in by_split.items()}
+    prompts = {s: {t.prompt for t in ts} for s, ts in by_split.items()}
+    for a, b in (("train", "heldout"), ("train", "test"), ("heldout", "test")):
+        assert not ids[a] & ids[b], f"{name}: {a} and {b} share task ids"
+        assert not prompts[a] & prompts[b], f"{name}: {a} and {b} share prompts {prompts[a] & prompts[b]}"
+    if name != "jsonl":  # a list of many seeds never leaks either (the prompt hash decides the split)
+        for s in ("heldout", "test"):
+            other = {t.prompt for seed in range(3) for t in suite.sample_tasks(20, split="train", seed=seed)}
+            assert not other & prompts[s]
+    with pytest.raises(ValueError):
+        suite.sample_tasks(1, split="validation", seed=0)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "jsonl"])
+def test_generation_is_deterministic_per_seed(suites, name, jsonl_path, tmp_path):
+    suite = suites[name]
+    a = suite.sample_tasks(12, split="train", seed=5)
+    assert a == suite.sample_tasks(12, split="train", seed=5)
+    assert a[:6] == suite.sample_tasks(6, split="train", seed=5)  # a longer list extends a shorter one
+    assert [t.prompt for t in a] != [t.prompt for t in suite.sample_tasks(12, split="train", seed=6)]
+    # a fresh instance (a new process, a restored run) rebuilds the same tasks and the same worlds
+    options = _options(name, jsonl_path, str(tmp_path))  # a new cache dir: databases are regenerated
+    fresh = SUITES.get(name)(**options)
+    try:
+        b = fresh.sample_tasks(12, split="train", seed=5)
+        assert b == a
+        if name not in SANDBOX_SUITES:
+            for task in a[:4]:
+                assert suite.expert_actions(task) == fresh.expert_actions(task)
+                assert run_expert(suite, task)[2] == run_expert(fresh, task)[2]
+    finally:
+        if hasattr(fresh, "close"):
+            fresh.close()
+
+
+def test_jsonl_sampling_and_splits(suites):
+    suite = suites["jsonl"]
+    train = suite.split_tasks("train")
+    assert {t.task_id for t in suite.split_tasks("test")} >= {"cap"}
+    assert "exact" in {t.task_id for t in suite.split_tasks("heldout")}
+    assert all(t.metadata["split"] == split_of(t.task_id) for t in train)
+    many = suite.sample_tasks(len(train) + 5, split="train", seed=0)  # train cycles
+    assert len(many) == len(train) + 5 and {t.task_id for t in many} == {t.task_id for t in train}
+    held = suite.split_tasks("heldout")
+    assert len(suite.sample_tasks(100, split="heldout", seed=0)) == len(held)  # eval never repeats
+    cap = next(t for t in suite.tasks if t.task_id == "cap")
+    assert suite.verify(cap, "It is zorbla.") and not suite.verify(cap, "Vrel")
+    exact = next(t for t in suite.tasks if t.task_id == "exact")
+    assert suite.verify(exact, " OK ") and not suite.verify(exact, "ok")
+    env = suite.make_env()
+    _, info = env.reset(options={"task": cap})
+    assert info["tools"] == []
+    _, info = env.reset(options={"task": train[0]})
+    assert [s["function"]["name"] for s in info["tools"]] == ["calculator"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "not JSON"),
+    ('{"prompt": "p", "answer": "a"}', "missing"),
+    ('{"task_id": "x", "prompt": "p", "answer": "a", "tools": ["nope"]}', "unknown tool"),
+    ('{"task_id": "x", "prompt": "p", "answer": "a", "verifier": "fuzzy"}', "unknown verifier"),
+    ('{"task_id": "x", "prompt": "p", "answer": "a", "split": "dev"}', "unknown split"),
+    ('{"task_id": "x", "prompt": "", "answer": "a"}', "prompt"),
+])
+def test_jsonl_rejects_bad_records_with_the_line_number(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task_id": "ok", "prompt": "p", "answer": "a"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"bad.jsonl:2: .*{message}"):
+        load_jsonl_tasks(path)
+
+
+def test_jsonl_needs_a_path():
+    with pytest.raises(ValueError, match="path"):
+        SUITES.get("jsonl")()
+
+
+def test_verifiers():
+    assert numeric_match("The answer is 1,234.", "1234") and numeric_match("12.0", "12")
+    assert not numeric_match("no number", "3") and not numeric_match("1e999", "1")
+    assert normalized_match("It is Velmora.", "velmora") and normalized_match("The Velmora", "Velmora")
+    assert not normalized_match("Velmora, Tarsk, Quen, Brel, Dova, Zim", "Zim")
+    assert not normalized_match("", "Velmora")
+
+
+def test_search_qa_has_one_and_two_hop_questions(suites):
+    suite = suites["search-qa"]
+    tasks = suite.sample_tasks(60, split="train", seed=0)
+    hops = {len(t.metadata["hops"]) for t in tasks}
+    assert hops == {1, 2}
+    opened = 0
+    for task in tasks[:20]:
+        actions = suite.expert_actions(task)
+        env = suite.make_env()
+        env.reset(options={"task": task})
+        last_search = ""
+        for a in actions[:-1]:
+            obs = env.step(a)[0]
+            if a.name == "open":  # the expert opens only documents its search just listed
+                opened += 1
+                assert f"] {a.arguments['doc_id']}: " in last_search
+            else:
+                last_search = obs
+    assert opened > 0
+
+
+def test_suite_options_are_validated():
+    with pytest.raises(ValueError):
+        SUITES.get("search-qa")(people=2, companies=5)
+    with pytest.raises(TypeError):
+        SUITES.get("sql-qa")(tables=3)
+    with pytest.raises(ValueError):
+        SUITES.get("code")(kinds=["nope"])
+    with pytest.raises(ValueError):
+        SUITES.get("api-catalog")(schemas="some")
+
+
+def test_sandbox_pool_is_lazy_and_closed():
+    code = SUITES.get("code")()
+    env = code.make_env()
+    assert not code.sandbox.started  # building the suite and its env starts no process
+    task = code.sample_tasks(1, split="train", seed=0)[0]
+    env.reset(options={"task": task})
+    obs = env.step(ToolCall("python", {"code": "print(6 * 7)"}))[0]
+    assert obs == "42" and code.sandbox.started
+    pids = code.sandbox.pool().server_pids()
+    code.close()
+    assert not code.sandbox.started
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    assert pids and not any(_alive(p) for p in pids)
+    assert isinstance(env.step(InvalidAction("x", "bad"))[0], str)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

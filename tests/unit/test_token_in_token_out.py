@@ -1,0 +1,64 @@
+"""Loss masks cover exactly the policy's own tokens across turns, and ids are never re-tokenised."""
+
+from agentgrad.rollout.loop import RolloutLimits, expert_trajectory
+from agentgrad.types import FinalAnswer, Message, StopReason, ToolCall
+
+
+def test_mask_covers_exactly_the_policy_turns(arithmetic_suite, codec):
+    task = arithmetic_suite.sample_tasks(1, split="train", seed=3)[0]
+    traj = expert_trajectory(arithmetic_suite.make_env(), task, arithmetic_suite.expert_actions(task), codec,
+                             RolloutLimits())
+    assert traj.stop_reason is StopReason.ANSWERED and len(traj.turns) == 2
+    masked_positions = [i for i, m in enumerate(traj.loss_mask) if m]
+    turn_positions = [i for t in traj.turns for i in range(t.start, t.end)]
+    assert masked_positions == turn_positions
+    # Each turn's tokens are exactly the assistant message the template would render, ending in eos.
+    call, answer = arithmetic_suite.expert_actions(task)
+    assert list(traj.token_ids[traj.turns[0].start:traj.turns[0].end]) == codec.assistant_ids(
+        Message("assistant", "", tool_calls=(call,)))
+    assert list(traj.token_ids[traj.turns[1].start:traj.turns[1].end]) == codec.assistant_ids(
+        Message("assistant", answer.text))
+    for t in traj.turns:
+        assert traj.token_ids[t.end - 1] in codec.eos_token_ids
+    # The prompt and the tool observation are not trained on.
+    assert not any(traj.loss_mask[:traj.prompt_length])
+    assert sum(traj.loss_mask) == sum(t.end - t.start for t in traj.turns)
+
+
+def test_no_drift_against_rendering_the_whole_chat(arithmetic_suite, codec):
+    """Incremental ids equal a one-shot encoding of the rendered chat (true for this tokenizer's boundaries)."""
+    for task in arithmetic_suite.sample_tasks(20, split="train", seed=5):
+        env = arithmetic_suite.make_env()
+        tools = env.reset(options={"task": task})[1]["tools"]
+        traj = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec, RolloutLimits())
+        # The template writes a newline after the final eos; the episode ends at the eos itself.
+        full = codec.render(list(traj.messages), tools)
+        assert codec.encode(full.removesuffix("\n")) == list(traj.token_ids)
+
+
+def test_observation_ids_follow_the_template(codec):
+    ids = codec.observation_ids([Message("tool", "408")])
+    text = codec.tokenizer.decode(ids)
+    assert text == "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tool_tags_survive_skip_special_tokens(codec):
+    ids = codec.assistant_ids(Message("assistant", "", tool_calls=(ToolCall("calculator", {"expression": "1"}),)))
+    assert codec.decode(ids).startswith("<tool_call>")
+    assert "<|im_end|>" not in codec.decode(ids)
+
+
+def test_limits_stop_reasons(arithmetic_suite, codec):
+    task = arithmetic_suite.sample_tasks(1, split="train", seed=1)[0]
+    env = arithmetic_suite.make_env()
+    call = ToolCall("calculator", {"expression": task.metadata["expression"]})
+    repeated = expert_trajectory(env, task, [call, call, call, FinalAnswer("1")], codec,
+                                 RolloutLimits(repeated_call_limit=3, max_turns=10))
+    assert repeated.stop_reason is StopReason.REPEATED_CALL
+    turns = expert_trajectory(env, task, [call, ToolCall("calculator", {"expression": "1"}), FinalAnswer("1")],
+                              codec, RolloutLimits(max_turns=2))
+    assert turns.stop_reason is StopReason.MAX_TURNS
+    bad = ToolCall("calculator", {"expr": "1"})
+    invalid = expert_trajectory(env, task, [bad, bad, FinalAnswer("1")], codec,
+                                RolloutLimits(max_invalid_calls=2, repeated_call_limit=0))
+    assert invalid.stop_reason is StopReason.INVALID_CALLS and invalid.num_invalid_calls == 2
