@@ -13,6 +13,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train tool-using LLM agents with reinforcement learning.")
 tool_app = typer.Typer(no_args_is_help=True, help="Run tools by hand.")
 app.add_typer(tool_app, name="tool")
+judge_app = typer.Typer(no_args_is_help=True, help="LLM-as-judge rewards: calibrate before use.")
+app.add_typer(judge_app, name="judge")
 
 
 def _fail(message: str) -> None:
@@ -117,6 +119,21 @@ def tool_run(
     typer.echo(json.dumps(out))
     if not out.get("ok"):
         raise typer.Exit(1)
+
+
+@judge_app.command("calibrate")
+def judge_calibrate(
+    labels: Path = typer.Option(..., "--labels", help="JSONL of human-labelled examples (>= 100)."),
+    base_url: str = typer.Option(..., "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
+    model: str = typer.Option(..., "--model", help="Model name the endpoint serves."),
+    out: Path = typer.Option(Path("judge-calibration.json"), "--out", help="Where to write the report."),
+    threshold: float = typer.Option(0.80, help="Minimum accuracy for the judge to be accepted."),
+    rubric: str = typer.Option("pass_fail", help="Rubric template name."),
+) -> None:
+    """Score a judge against human labels; write accuracy, confusion matrix, precision/recall and kappa."""
+    from agentgrad.rewards.calibration import calibrate_cli
+
+    raise typer.Exit(calibrate_cli(labels, base_url, model, out, threshold, rubric=rubric))
 
 
 def main() -> None:

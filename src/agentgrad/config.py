@@ -46,31 +46,47 @@ class EnvConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict, description="Options passed to the suite's constructor.")
 
 
+class RewardConfig(_Section):
+    name: str = Field("outcome", description="Reward function: a registered name (outcome, verifier, process, "
+                                             "shaped, judge) or 'module.path:callable'.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Options for the reward factory "
+                                                                      "(e.g. cap, facts for 'shaped').")
+
+
 class RolloutConfig(_Section):
     max_turns: int = Field(4, gt=0, description="Policy turns per episode before it is stopped (max_turns).")
     max_new_tokens_per_turn: int = Field(48, gt=0, description="Generated tokens per turn.")
     max_total_tokens: int = Field(320, gt=0, description="Tokens per episode, prompt and observations included.")
     max_invalid_calls: int = Field(2, ge=0, description="Invalid or failed tool calls that end an episode (0: never).")
     repeated_call_limit: int = Field(3, ge=0, description="Identical calls that end an episode (0: never).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature for training rollouts (the learner "
+                                                     "scores tokens at the same temperature, so ratios stay exact).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training rollouts.")
 
 
 class BCConfig(_Section):
-    steps: int = Field(160, ge=0, description="Optimizer steps of behaviour cloning on expert trajectories.")
+    steps: int = Field(600, ge=0, description="Optimizer steps of behaviour cloning on expert trajectories (at most, "
+                                             "with stop_at_success).")
     batch_size_episodes: int = Field(32, gt=0, description="Expert episodes per BC step.")
     num_demos: int = Field(2000, gt=0, description="Distinct expert episodes generated for BC.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of BC (linear warm-up, cosine decay).")
     warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    lr_schedule: Literal["cosine", "constant"] = Field("constant", description="LR after warm-up: cosine decay "
+                                                                              "to 10% at bc.steps, or constant.")
+    stop_at_success: float | None = Field(0.25, ge=0, le=1, description="Stop BC early once greedy success on "
+                                          "validation tasks (the suite's 'test' split, never the held-out one) "
+                                          "reaches this; None trains all bc.steps.")
+    eval_every: int = Field(25, gt=0, description="Steps between validation checks when stop_at_success is set.")
+    eval_tasks: int = Field(64, gt=0, description="Validation tasks per check.")
 
 
 class AlgoConfig(_Section):
     name: Literal["grpo"] = Field("grpo", description="Online RL algorithm.")
-    steps: int = Field(60, ge=0, description="RL steps (one rollout batch and one update each).")
-    tasks_per_step: int = Field(8, gt=0, description="Distinct tasks per RL step.")
+    steps: int = Field(100, ge=0, description="RL steps (one rollout batch, then epochs_per_step passes over it).")
+    tasks_per_step: int = Field(16, gt=0, description="Distinct tasks per RL step.")
     group_size: int = Field(8, ge=2, description="Samples per task (G); advantages are relative within a group.")
-    lr: float = Field(1e-3, gt=0, description="RL learning rate (constant).")
-    epochs_per_step: int = Field(1, gt=0, description="Passes over each rollout batch (PPO epochs).")
+    lr: float = Field(1e-4, gt=0, description="RL learning rate (constant).")
+    epochs_per_step: int = Field(4, gt=0, description="Passes over each rollout batch (PPO epochs).")
     minibatch_size_episodes: int = Field(64, gt=0, description="Episodes per optimizer step within an epoch.")
     clip_low: float = Field(0.2, gt=0, description="PPO clip: ratio floor is 1 - clip_low.")
     clip_high: float = Field(0.28, gt=0, description="PPO clip: ratio ceiling is 1 + clip_high (clip-higher).")
@@ -101,6 +117,7 @@ class Config(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     bc: BCConfig = Field(default_factory=BCConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)

@@ -232,7 +232,8 @@ def test_calibrate_with_a_local_judge_and_the_gate(tmp_path):
     assert "overridden" in str(caught[0].message)
     # the registered factory applies the same gate
     assert isinstance(judge_reward(backend=Scripted(), calibration_report=out), JudgeReward)
-    assert isinstance(load_reward("judge", ExactSuite(), backend=Scripted(), calibration_report=str(out)), JudgeReward)
+    gated = load_reward("judge", ExactSuite(), backend=Scripted(), calibration_report=str(out))
+    assert isinstance(gated, JudgeReward)
     with pytest.raises(JudgeNotCalibratedError, match="below the threshold"):
         load_reward("judge", ExactSuite(), backend=Scripted(), calibration_report=str(out), threshold=1.01)
     with pytest.raises(JudgeNotCalibratedError):

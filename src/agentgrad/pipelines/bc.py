@@ -10,6 +10,7 @@ from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import collate
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.evaluate import evaluate
 from agentgrad.rollout.loop import expert_trajectory
 from agentgrad.types import Trajectory
 
@@ -20,17 +21,19 @@ def expert_demos(c: Components, n: int, seed: int) -> list[Trajectory]:
     return [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
 
 
-def cosine_lr(step: int, *, peak: float, warmup: int, total: int, floor: float = 0.1) -> float:
-    """Linear warm-up to `peak`, cosine decay to `floor * peak` at `total`."""
+def bc_lr(step: int, *, peak: float, warmup: int, total: int, schedule: str, floor: float = 0.1) -> float:
+    """Linear warm-up to `peak`, then constant or cosine decay to `floor * peak` at `total`."""
     if step < warmup:
         return peak * (step + 1) / warmup
+    if schedule == "constant":
+        return peak
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: int) -> dict[str, float]:
     cfg = c.config.bc
-    lr = cosine_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps)
+    lr = bc_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, schedule=cfg.lr_schedule)
     c.learner.set_lr(lr)
     batch = collate(rng.sample(demos, min(cfg.batch_size_episodes, len(demos))), pad_token_id=c.pad_token_id)
     logprobs = c.learner.logprobs(batch)  # (B, T)
@@ -39,10 +42,18 @@ def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: in
     return {"loss/bc": loss.item(), "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
 
 
-def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None) -> None:
+def validation_success(c: Components) -> float:
+    """Greedy success on the suite's 'test' split: BC's early-stopping signal, disjoint from held-out eval."""
+    cfg = c.config.bc
+    return evaluate(c.policy, c.codec, c.suite, c.limits, num_tasks=cfg.eval_tasks, seed=c.config.run.seed,
+                    split="test", batch_size=c.config.eval.batch_size).success_rate
+
+
+def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None) -> int:
+    """Returns the number of BC steps taken (fewer than bc.steps when stop_at_success was reached)."""
     cfg = c.config.bc
     if cfg.steps == 0:
-        return
+        return 0
     demos = demos if demos is not None else expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
     rng = random.Random(c.config.run.seed)
     logger.display.start("bc", cfg.steps)
@@ -50,6 +61,14 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
         t0 = time.perf_counter()
         metrics = bc_step(c, demos, rng, step)
         metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
+        if cfg.stop_at_success is not None and (step + 1) % cfg.eval_every == 0:
+            metrics["eval/bc_validation_success"] = validation_success(c)
         if (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
             logger.log(step + 1, "bc", metrics)
+        if metrics.get("eval/bc_validation_success", -1.0) >= (cfg.stop_at_success or 2.0):
+            logger.display.print(f"BC stopped at step {step + 1}: validation success "
+                                 f"{metrics['eval/bc_validation_success']:.0%} >= {cfg.stop_at_success:.0%}")
+            logger.display.stop()
+            return step + 1
     logger.display.stop()
+    return cfg.steps

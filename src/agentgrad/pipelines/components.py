@@ -12,7 +12,7 @@ from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.config import Config
 from agentgrad.envs import SUITES, TaskSuite
 from agentgrad.models.hf import LoadedModel, load_model
-from agentgrad.rewards.base import REWARDS, RewardFn
+from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import RolloutLimits
 from agentgrad.types import Message
@@ -87,8 +87,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def quiet_hf() -> None:
+    """Our own progress display replaces transformers' per-file bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None,
                      lr: float | None = None) -> Components:
+    quiet_hf()
     torch.set_num_threads(config.run.threads)
     seed_everything(config.run.seed)
     suite = make_suite(config)
@@ -98,4 +107,4 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
     learner = TorchLearner(loaded.model, lr=lr or config.algo.lr, grad_clip=config.algo.grad_clip)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
-                      reward_fn=REWARDS.get("outcome")(suite), limits=rollout_limits(config))
+                      reward_fn=load_reward(config.reward.name, suite, **config.reward.options), limits=rollout_limits(config))

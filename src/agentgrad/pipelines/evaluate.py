@@ -41,8 +41,8 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: RolloutLimits, *, num_tasks: int,
-             seed: int, temperature: float = 0.0, batch_size: int = 100) -> EvalResult:
-    tasks = suite.sample_tasks(num_tasks, split="heldout", seed=seed)
+             seed: int, temperature: float = 0.0, batch_size: int = 100, split: str = "heldout") -> EvalResult:
+    tasks = suite.sample_tasks(num_tasks, split=split, seed=seed)
     sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=temperature, seed=seed)
     trajectories = []
     for i in range(0, len(tasks), batch_size):

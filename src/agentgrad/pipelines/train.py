@@ -44,10 +44,10 @@ def train(config: Config, *, run_dir: Path | None = None) -> dict:
     logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
     try:
         c = build_components(config, run_dir, lr=config.bc.lr)
-        run_bc(c, logger)
+        bc_steps = run_bc(c, logger)
         checkpoint(c, run_dir, "bc")
         initial = held_out(c)
-        logger.log(config.bc.steps, "eval_bc", {"eval/success_rate": initial.success_rate})
+        logger.log(bc_steps, "eval_bc", {"eval/success_rate": initial.success_rate})
         display.print(f"held-out success after BC: {initial.success_rate:.1%} "
                       f"(95% CI {initial.ci_low:.1%}-{initial.ci_high:.1%}, n={initial.num_tasks})")
         run_rl(c, logger, TrajectoryStore(run_dir / "trajectories" / "rl.jsonl"))
@@ -61,6 +61,6 @@ def train(config: Config, *, run_dir: Path | None = None) -> dict:
     summary = {"run_dir": str(run_dir), "initial_success_rate": initial.success_rate,
                "final_success_rate": final.success_rate, "initial_eval": initial.to_dict(),
                "final_eval": final.to_dict(), "wall_time_s": round(time.perf_counter() - started, 1),
-               "bc_steps": config.bc.steps, "rl_steps": config.algo.steps, "algorithm": config.algo.name}
+               "bc_steps": bc_steps, "rl_steps": config.algo.steps, "algorithm": config.algo.name}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -1,7 +1,7 @@
 """Rewards: plain callables Trajectory -> RewardBreakdown.
 
-- `base`: the RewardFn protocol, the REWARDS registry (every entry is `factory(suite, **options) -> RewardFn`), `score` (failure = masked sample), `CombinedReward`,
-  `with_timeout`, `load_reward`.
+- `base`: the RewardFn protocol, the REWARDS registry (every entry is `factory(suite, **options) -> RewardFn`),
+  `score` (failure = masked sample), `CombinedReward`, `with_timeout`, `load_reward(spec, suite, **options)`.
 - `verifiers`: outcome verifiers (exact, normalised, numeric, set, custom) and `VerifierReward`.
 - `process`: verifiable per-turn bonuses (capped, deduplicated) and dead-loop penalties; `shaped_reward`.
 - `judge`: LLM-as-judge (OpenAI-compatible HTTP or local callable backends, rubrics, verdict cache).
@@ -31,8 +31,8 @@ from agentgrad.rewards.metrics import reward_metrics
 
 __all__ = [
     "REWARDS", "RewardFactory", "RewardFn", "OutcomeReward", "make_outcome_reward", "make_verifier_reward",
-    "make_process_reward", "make_shaped_reward", "make_judge_reward", "score", "CombinedReward", "with_timeout", "TimedReward",
-    "RewardTimeoutError", "RewardSpecError", "load_reward", "apply_reward", "as_breakdown", "masked",
+    "make_process_reward", "make_shaped_reward", "make_judge_reward", "score", "CombinedReward", "with_timeout",
+    "TimedReward", "RewardTimeoutError", "RewardSpecError", "load_reward", "apply_reward", "as_breakdown", "masked",
     "VERIFIERS", "VerifierReward", "exact_match", "normalized_match", "numeric_match", "set_match",
     "normalize_text", "parse_number", "split_items", "get_verifier",
     "Fact", "ProcessRewardConfig", "ProcessReward", "process_reward", "shaped_reward", "fact_bonuses",

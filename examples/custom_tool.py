@@ -1,0 +1,30 @@
+"""A user-defined tool: typed arguments and a docstring are all `@tool` needs to build the JSON schema.
+
+Run: python examples/custom_tool.py
+"""
+
+from agentgrad.tools import ToolSet, tool
+from agentgrad.types import ToolCall
+
+EXCHANGE_RATES = {"EUR": 1.0, "USD": 1.08, "JPY": 162.4}
+
+
+@tool(category="finance")
+def convert(amount: float, source: str, target: str) -> str:
+    """Convert money between currencies.
+
+    Args:
+        amount: how much money, in the source currency
+        source: currency code such as EUR
+        target: currency code such as USD
+    """
+    if source not in EXCHANGE_RATES or target not in EXCHANGE_RATES:
+        raise ValueError(f"unknown currency; known: {sorted(EXCHANGE_RATES)}")  # becomes a `crashed` result
+    return f"{amount / EXCHANGE_RATES[source] * EXCHANGE_RATES[target]:.2f} {target}"
+
+
+if __name__ == "__main__":
+    tools = ToolSet([convert])
+    print(tools.schemas()[0])
+    print(tools.call(ToolCall("convert", {"amount": 10, "source": "EUR", "target": "USD"})))
+    print(tools.call(ToolCall("convert", {"amount": "ten", "source": "EUR", "target": "USD"})))  # bad_arguments
