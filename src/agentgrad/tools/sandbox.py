@@ -368,6 +368,8 @@ class _Server:
                 continue
             if path in keeps:
                 continue  # the Python installation itself
+            if _is_under(path, "/tmp") or _is_under(path, "/dev/shm"):
+                continue  # replaced wholesale by private tmpfs below (e.g. a checkout that lives under /tmp)
             hidden.append(path)
         hidden = sorted(set(hidden), key=lambda p: (p.count("/"), p))
         top = [h for h in hidden if not any(_is_under(h, k) for k in keeps)]
