@@ -1,4 +1,4 @@
-"""Command line: `agentgrad train | eval | config | tool run`."""
+"""Command line: `agentgrad train | eval | config | tool run | judge calibrate`."""
 
 from __future__ import annotations
 
@@ -59,13 +59,12 @@ def eval_cmd(
     from agentgrad.checkpoint import latest_checkpoint
     from agentgrad.config import ConfigError, load_config
     from agentgrad.models.hf import ModelLoadError, load_model
-    from agentgrad.pipelines.components import make_suite, rollout_limits
+    from agentgrad.pipelines.components import inference, make_suite, quiet_hf, rollout_limits
     from agentgrad.pipelines.evaluate import evaluate
-    from agentgrad.backends.hf import HFPolicy
-    from agentgrad.rollout.chat import ChatCodec
 
     if not (run_dir / "config.yaml").exists():
         _fail(f"{run_dir} is not a run directory (no config.yaml)")
+    quiet_hf()
     try:
         config = load_config(run_dir / "config.yaml")
         ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
@@ -73,8 +72,8 @@ def eval_cmd(
     except (ConfigError, ModelLoadError, FileNotFoundError) as exc:
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
-    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
-    result = evaluate(policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids), make_suite(config),
+    policy, codec = inference(loaded)
+    result = evaluate(policy, codec, make_suite(config),
                       rollout_limits(config), num_tasks=num_tasks or config.eval.num_tasks,
                       seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
                       batch_size=config.eval.batch_size)

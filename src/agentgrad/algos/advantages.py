@@ -32,7 +32,7 @@ with process rewards the later turns' G_k - baseline would be divided by eps alo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -209,6 +209,36 @@ def _zero_output(token_rewards: Tensor) -> AdvantageOutput:
 # ---- estimators ---------------------------------------------------------------------------------------------
 
 
+class _GroupStats(NamedTuple):
+    """What grpo and rloo share: per-token returns, per-row scores and the per-group sums of valid rows."""
+
+    pol: Tensor  # (B, T) policy tokens
+    returns: Tensor  # (B, T) per-token return-to-go, input dtype
+    ret64: Tensor  # (B, T) the same, widened
+    scores64: Tensor  # (B,) episode scores G_0, widened
+    valid: Tensor  # (B,) rows with any policy token
+    counts: Tensor  # (G,) valid rows per group
+    sums: Tensor  # (G,) sum of valid scores per group
+    has_signal: Tensor  # (B,) valid row in a group of >= 2 valid rows whose scores differ
+
+
+def _group_stats(token_rewards: Tensor, loss_mask: Tensor, group_index: Tensor, gamma: float) -> _GroupStats:
+    pol = loss_mask > 0  # (B, T)
+    returns, scores = turn_returns(token_rewards, loss_mask, gamma)  # (B, T), (B,)
+    ret64, scores64 = _wide(returns), _wide(scores)  # float64 so that equal scores cancel exactly
+    valid = pol.any(dim=1)  # (B,)
+    counts, sums = _group_counts_sums(scores64, group_index, valid)  # (G,), (G,)
+    no_signal = zero_signal_groups(scores64, group_index, valid, num_groups=counts.shape[0])  # (G,)
+    has_signal = valid & (counts[group_index] > 1) & ~no_signal[group_index]  # (B,)
+    return _GroupStats(pol, returns, ret64, scores64, valid, counts, sums, has_signal)
+
+
+def _keep_signal(adv: Tensor, g: _GroupStats) -> Tensor:
+    """Zero advantages off the policy tokens and in groups without a baseline or a signal; input dtype."""
+    keep = g.pol & g.has_signal.unsqueeze(1)  # (B, T)
+    return torch.where(keep, adv, torch.zeros_like(adv)).to(g.returns.dtype)  # (B, T)
+
+
 @ADVANTAGE_ESTIMATORS.register("grpo")
 @torch.no_grad()
 def grpo(token_rewards: Tensor, loss_mask: Tensor, group_index: Tensor, values: Tensor | None,
@@ -224,23 +254,14 @@ def grpo(token_rewards: Tensor, loss_mask: Tensor, group_index: Tensor, values: 
     _check_inputs(token_rewards, loss_mask, group_index, values)
     if token_rewards.numel() == 0:
         return _zero_output(token_rewards)
-    pol = loss_mask > 0  # (B, T)
-    returns, scores = turn_returns(token_rewards, loss_mask, params.gamma)  # (B, T), (B,)
-    ret64, scores64 = _wide(returns), _wide(scores)  # float64 so that equal scores cancel exactly
-    valid = pol.any(dim=1)  # (B,)
-    counts, sums = _group_counts_sums(scores64, group_index, valid)  # (G,), (G,)
-    mean = sums / counts.clamp(min=1)  # (G,)
-    dev2 = torch.where(valid, (scores64 - mean[group_index]) ** 2, torch.zeros_like(scores64))  # (B,)
-    var = torch.zeros_like(sums).index_add_(0, group_index, dev2) / (counts - 1).clamp(min=1)  # (G,)
-    std = var.sqrt()  # (G,)
-    adv = ret64 - mean[group_index].unsqueeze(1)  # (B, T)
+    g = _group_stats(token_rewards, loss_mask, group_index, params.gamma)
+    mean = g.sums / g.counts.clamp(min=1)  # (G,)
+    dev2 = torch.where(g.valid, (g.scores64 - mean[group_index]) ** 2, torch.zeros_like(g.scores64))  # (B,)
+    var = torch.zeros_like(g.sums).index_add_(0, group_index, dev2) / (g.counts - 1).clamp(min=1)  # (G,)
+    adv = g.ret64 - mean[group_index].unsqueeze(1)  # (B, T)
     if params.norm_by_std:
-        adv = adv / (std[group_index].unsqueeze(1) + params.eps)  # (B, T)
-    no_signal = zero_signal_groups(scores64, group_index, valid, num_groups=counts.shape[0])  # (G,)
-    has_baseline = valid & (counts[group_index] > 1) & ~no_signal[group_index]  # (B,)
-    keep = pol & has_baseline.unsqueeze(1)  # (B, T)
-    adv = torch.where(keep, adv, torch.zeros_like(adv)).to(returns.dtype)  # (B, T)
-    return AdvantageOutput(advantages=adv, returns=returns)
+        adv = adv / (var.sqrt()[group_index].unsqueeze(1) + params.eps)  # (B, T)
+    return AdvantageOutput(advantages=_keep_signal(adv, g), returns=g.returns)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
@@ -257,18 +278,11 @@ def rloo(token_rewards: Tensor, loss_mask: Tensor, group_index: Tensor, values: 
     _check_inputs(token_rewards, loss_mask, group_index, values)
     if token_rewards.numel() == 0:
         return _zero_output(token_rewards)
-    pol = loss_mask > 0  # (B, T)
-    returns, scores = turn_returns(token_rewards, loss_mask, params.gamma)  # (B, T), (B,)
-    ret64, scores64 = _wide(returns), _wide(scores)  # float64 so that equal scores cancel exactly
-    valid = pol.any(dim=1)  # (B,)
-    counts, sums = _group_counts_sums(scores64, group_index, valid)  # (G,), (G,)
-    n = counts[group_index]  # (B,)
-    baseline = (sums[group_index] - scores64) / (n - 1).clamp(min=1)  # (B,)
-    adv = ret64 - baseline.unsqueeze(1)  # (B, T)
-    no_signal = zero_signal_groups(scores64, group_index, valid, num_groups=counts.shape[0])  # (G,)
-    keep = pol & (valid & (n > 1) & ~no_signal[group_index]).unsqueeze(1)  # (B, T)
-    adv = torch.where(keep, adv, torch.zeros_like(adv)).to(returns.dtype)  # (B, T)
-    return AdvantageOutput(advantages=adv, returns=returns)
+    g = _group_stats(token_rewards, loss_mask, group_index, params.gamma)
+    n = g.counts[group_index]  # (B,)
+    baseline = (g.sums[group_index] - g.scores64) / (n - 1).clamp(min=1)  # (B,)
+    adv = g.ret64 - baseline.unsqueeze(1)  # (B, T)
+    return AdvantageOutput(advantages=_keep_signal(adv, g), returns=g.returns)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")

@@ -39,8 +39,6 @@ class HFPolicy:
         self._cache_kw = _cache_kwarg(model)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache):
-        from transformers import DynamicCache  # noqa: F401  (imported lazily: heavy)
-
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
         return out.logits[:, -1, :].float()  # (B, V)
@@ -136,10 +134,6 @@ class TorchLearner:
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         self.model.train()
         return token_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature)  # (B, T)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate gradients (for minibatches); call `step` after the last one."""
-        loss.backward()
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:

@@ -61,11 +61,13 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
         t0 = time.perf_counter()
         metrics = bc_step(c, demos, rng, step)
         metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
+        reached = False
         if cfg.stop_at_success is not None and (step + 1) % cfg.eval_every == 0:
             metrics["eval/bc_validation_success"] = validation_success(c)
-        if (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
+            reached = metrics["eval/bc_validation_success"] >= cfg.stop_at_success
+        if reached or (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
             logger.log(step + 1, "bc", metrics)
-        if metrics.get("eval/bc_validation_success", -1.0) >= (cfg.stop_at_success or 2.0):
+        if reached:
             logger.display.print(f"BC stopped at step {step + 1}: validation success "
                                  f"{metrics['eval/bc_validation_success']:.0%} >= {cfg.stop_at_success:.0%}")
             logger.display.stop()

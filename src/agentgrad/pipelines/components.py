@@ -95,16 +95,21 @@ def quiet_hf() -> None:
     hf_logging.set_verbosity_error()
 
 
-def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None,
-                     lr: float | None = None) -> Components:
+def inference(loaded: LoadedModel) -> tuple[HFPolicy, ChatCodec]:
+    """The sampling side of a loaded model: what training rollouts and `agentgrad eval` both use."""
+    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+    return policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
+
+
+def build_components(config: Config, run_dir: Path) -> Components:
     quiet_hf()
     torch.set_num_threads(config.run.threads)
     seed_everything(config.run.seed)
     suite = make_suite(config)
-    path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
+    path = config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
     loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
-    codec = ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
-    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
-    learner = TorchLearner(loaded.model, lr=lr or config.algo.lr, grad_clip=config.algo.grad_clip)
+    policy, codec = inference(loaded)
+    # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
+    learner = TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options), limits=rollout_limits(config))

@@ -43,7 +43,7 @@ def train(config: Config, *, run_dir: Path | None = None) -> dict:
     display = ProgressDisplay(enabled=config.run.progress)
     logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
     try:
-        c = build_components(config, run_dir, lr=config.bc.lr)
+        c = build_components(config, run_dir)
         bc_steps = run_bc(c, logger)
         checkpoint(c, run_dir, "bc")
         initial = held_out(c)
