@@ -88,10 +88,11 @@ def policy_update(c: Components, batch: TokenBatch) -> dict[str, float]:
 def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     samples: list[ScoredTrajectory] = [s for g in groups for s in g.samples]
     n = len(samples)
+    scored = [s.total_reward for s in samples if not s.reward.masked]
     stops = Counter(s.trajectory.stop_reason.value for s in samples)
     out = {
         "rollout/success_rate": sum(s.success for s in samples) / n,
-        "rollout/reward_mean": sum(s.total_reward for s in samples if not s.reward.masked) / max(1, n),
+        "rollout/reward_mean": sum(scored) / max(1, len(scored)),  # over unmasked samples only
         "rollout/zero_signal_groups": sum(g.is_zero_signal for g in groups) / len(groups),
         "rollout/masked_samples": float(sum(s.reward.masked for s in samples)),
         "rollout/invalid_calls_per_episode": sum(s.trajectory.num_invalid_calls for s in samples) / n,
