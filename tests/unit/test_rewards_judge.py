@@ -279,3 +279,27 @@ def test_report_json_is_plain(tmp_path):
 def test_nested_json_reply():
     assert parse_verdict('{"score": 0.9, "details": {"units": "ok"}}') == 0.9
     assert parse_verdict('{"details": {"units": "ok"}}') is None
+
+
+def test_local_hf_judge_decodes_greedily_through_the_models_chat_template(tiny_model_dir, loaded_tiny):
+    """The local-model backend must render with the model's own template and decode greedily: its reply equals
+    our own greedy sampler's continuation of the same rendered prompt."""
+    from agentgrad.backends.base import SamplingParams
+    from agentgrad.pipelines.components import inference
+    from agentgrad.rewards.judge import HFChatBackend, JudgeReward
+
+    messages = Judge(Scripted()).messages(judge_input(TRAJ))
+    backend = HFChatBackend(str(tiny_model_dir), max_new_tokens=12)
+    reply = backend.complete(messages)
+
+    policy, _ = inference(loaded_tiny)
+    tok = loaded_tiny.tokenizer
+    prompt = tok.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True,
+                                     return_dict=False)
+    gen = policy.generate([list(prompt)], SamplingParams(max_new_tokens=12, temperature=0.0))[0]
+    assert reply == tok.decode(list(gen.token_ids), skip_special_tokens=True)
+    assert backend.complete(messages) == reply  # greedy: the cache key is a faithful stand-in for the verdict
+
+    # An untrained model writes no verdict: the sample is masked with the reason, never scored 0.
+    breakdown = JudgeReward(Judge(backend, "pass_fail", cache=False))(TRAJ)
+    assert breakdown.masked and "unparseable verdict" in breakdown.reason

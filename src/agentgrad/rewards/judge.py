@@ -137,6 +137,53 @@ class CallableBackend:
         return self.fn(messages)
 
 
+class HFChatBackend:
+    """A local Hugging Face causal LM as the judge: the model's own chat template renders the rubric, greedy
+    decoding writes the verdict. `model` is a directory or hub id (loaded on first use, so building a reward
+    that is refused by the calibration gate loads nothing) or an already loaded `(model, tokenizer)` pair.
+
+    Decoding is greedy, so a verdict is a function of the messages and the weights: the content-hash cache and
+    a stored calibration report stay valid for as long as the weights do.
+    """
+
+    def __init__(self, model: str | Path | tuple[Any, Any], *, max_new_tokens: int = 64, device: str = "cpu",
+                 name: str | None = None) -> None:
+        self._source = model
+        self._pair: tuple[Any, Any] | None = model if isinstance(model, tuple) else None
+        self.max_new_tokens = max_new_tokens
+        self.device = device
+        self.name = name or (f"hf:{model}" if not isinstance(model, tuple) else f"hf:{type(model[0]).__name__}")
+        self._lock = threading.Lock()  # one generate at a time: judge_many's threads share the model
+
+    def _load(self) -> tuple[Any, Any]:
+        if self._pair is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(self._source))
+            model = AutoModelForCausalLM.from_pretrained(str(self._source)).to(self.device).eval()
+            self._pair = (model, tokenizer)
+        return self._pair
+
+    def complete(self, messages: Sequence[Mapping[str, str]]) -> str:
+        import torch
+
+        with self._lock:
+            model, tokenizer = self._load()
+            ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+            if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding whatever return_dict says
+                ids = ids["input_ids"]
+            input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            with torch.no_grad():
+                out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                     max_new_tokens=self.max_new_tokens, pad_token_id=pad)  # (1, T + new)
+            return tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
+
+    def __repr__(self) -> str:
+        return f"HFChatBackend({self.name!r})"
+
+
 def as_backend(obj: Any) -> JudgeBackend:
     """A backend as is, or a plain callable wrapped in `CallableBackend`."""
     if hasattr(obj, "complete"):
@@ -583,18 +630,22 @@ def judge_reward(*, base_url: str | None = None, model: str | None = None, backe
                  calibration_report: str | Path | None = None, threshold: float = 0.80,
                  min_kappa: float | None = None, override: bool = False, pass_threshold: float | None = None,
                  api_key_env: str | None = None, timeout_s: float = 60.0, judge_id: str | None = None,
-                 score_max: float = 1.0) -> JudgeReward:
+                 score_max: float = 1.0, hf_model: str | None = None) -> JudgeReward:
     """Build a calibrated judge reward (the registered "judge" factory, `make_judge_reward`, calls this).
 
-    The backend is `backend` (any `JudgeBackend` or callable) or an `OpenAIChatBackend(base_url, model)`.
+    The backend is `backend` (any `JudgeBackend` or callable), a local model (`hf_model`: a directory or hub id,
+    `HFChatBackend`) or an `OpenAIChatBackend(base_url, model)`.
     The judge must have a calibration report at `calibration_report` for the same judge id with accuracy
     >= `threshold` (see `require_calibrated`); otherwise `JudgeNotCalibratedError`, unless `override=True`.
     """
     from agentgrad.rewards.calibration import require_calibrated
 
+    if backend is None and hf_model is not None:
+        backend = HFChatBackend(hf_model)
     if backend is None:
         if not base_url or not model:
-            raise ValueError("judge reward needs `backend`, or `base_url` and `model` of an OpenAI-compatible API")
+            raise ValueError("judge reward needs `backend`, `hf_model` (a local HF model directory), or `base_url` "
+                             "and `model` of an OpenAI-compatible API")
         backend = OpenAIChatBackend(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s)
     judge = Judge(backend, rubric, cache=cache_path if cache_path is not None else True, judge_id=judge_id,
                   criteria=criteria, score_max=score_max)
