@@ -32,6 +32,7 @@ class TokenBatch:
     advantages: torch.Tensor | None = None  # (B, T) float
     returns: torch.Tensor | None = None  # (B, T) float
     ref_logprobs: torch.Tensor | None = None  # (B, T) float, frozen reference policy
+    is_weights: torch.Tensor | None = None  # (B, T) float, off-policy correction pi/mu (1 on fresh rows)
 
     @property
     def num_sequences(self) -> int:

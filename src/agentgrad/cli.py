@@ -28,20 +28,31 @@ def _fail(message: str) -> None:
 def train(
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Built-in preset name or path to a YAML file."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a run directory from its last "
+                                          "checkpoint (run.checkpoint_every > 0); overrides apply on top of its "
+                                          "config.yaml."),
 ) -> None:
     """Train: BC warm-up on expert demonstrations, then online RL; held-out success after each."""
+    import yaml
+
     from agentgrad.config import ConfigError, build_config
 
     try:
-        config = build_config(preset, overrides or [])
+        if resume is not None:
+            if not (resume / "config.yaml").exists():
+                _fail(f"{resume} is not a run directory (no config.yaml)")
+            config = build_config(None, overrides or [], base=yaml.safe_load((resume / "config.yaml").read_text()))
+        else:
+            config = build_config(preset, overrides or [])
     except ConfigError as exc:
         _fail(str(exc))
+    from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
     from agentgrad.pipelines.train import train as run_train
 
     try:
-        summary = run_train(config)
-    except (ModelLoadError, FileExistsError) as exc:
+        summary = run_train(config, run_dir=resume, resume=resume is not None)
+    except (ModelLoadError, FileExistsError, NonFiniteLossError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))

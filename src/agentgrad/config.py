@@ -98,6 +98,40 @@ class AlgoConfig(_Section):
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
 
 
+class ReplayConfig(_Section):
+    enabled: bool = Field(False, description="Mix replayed groups (offline logs, earlier rollouts) into each RL "
+                                             "step, with importance-weight correction.")
+    offline_paths: list[str] = Field(default_factory=list, description="Store directories to preload (a run's "
+                                     "trajectories/ or the --out of `agentgrad data import`).")
+    capacity_groups: int = Field(4096, gt=0, description="Groups held; adding past capacity evicts the oldest (FIFO).")
+    add_fresh: bool = Field(True, description="Also add each step's fresh rollout groups to the buffer.")
+    sampling: Literal["uniform", "reward"] = Field("uniform", description="Replay sampling: uniform, or "
+                                                   "reward-prioritised (P ~ exp(mean group reward / temperature)).")
+    priority_temperature: float = Field(1.0, gt=0, description="Temperature of reward-prioritised sampling.")
+    offline_fraction: float = Field(0.7, ge=0, lt=1, description="Fraction of each step's groups drawn from the "
+                                    "buffer (the rest are fresh rollouts); the start value under schedule=success.")
+    schedule: Literal["constant", "success"] = Field("constant", description="constant, or move the offline "
+                                                     "fraction toward final_offline_fraction as success rises.")
+    final_offline_fraction: float = Field(0.0, ge=0, lt=1, description="Offline fraction once rollout success "
+                                          "reaches success_target (schedule=success).")
+    success_target: float = Field(0.8, gt=0, le=1, description="Rollout success (EMA) at which the schedule ends.")
+    success_ema: float = Field(0.5, gt=0, le=1, description="Weight of the newest step in the success EMA.")
+    is_level: Literal["token", "sequence"] = Field("token", description="Importance weights per token or per "
+                                                   "sequence (pi_theta / pi_behaviour).")
+    is_mode: Literal["truncate", "mask"] = Field("truncate", description="Weights above is_bound are truncated "
+                                                 "(TIS) or masked out.")
+    is_bound: float = Field(2.0, gt=0, description="Importance-weight bound.")
+
+
+class FaultsConfig(_Section):
+    max_consecutive_nonfinite: int = Field(3, gt=0, description="Abort after this many optimizer updates in a row "
+                                           "with a non-finite loss (each one is skipped, parameters unchanged).")
+    mask_tool_faults: bool = Field(True, description="Mask samples whose tool timed out or crashed (an "
+                                   "infrastructure fault, not the policy's doing) instead of training on them.")
+    inject_tool_failure_rate: float = Field(0.0, ge=0, le=1, description="Chaos testing: this fraction of tool "
+                                            "calls returns a timeout or crash instead of running.")
+
+
 class EvalConfig(_Section):
     num_tasks: int = Field(200, gt=0, description="Held-out tasks for evaluation.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature at evaluation (0: greedy).")
@@ -110,7 +144,8 @@ class RunConfig(_Section):
     seed: int = Field(0, description="Seed for tasks, model init and sampling.")
     threads: int = Field(2, ge=1, description="torch CPU threads.")
     log_every: int = Field(1, gt=0, description="Steps between metric records.")
-    checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints (0: only at stage ends).")
+    checkpoint_every: int = Field(0, ge=0, description="RL steps between resumable run-state checkpoints "
+                                  "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")
     progress: bool = Field(True, description="Show the live progress display.")
 
 
@@ -123,6 +158,8 @@ class Config(_Section):
     bc: BCConfig = Field(default_factory=BCConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":

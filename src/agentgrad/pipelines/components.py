@@ -101,12 +101,13 @@ def inference(loaded: LoadedModel) -> tuple[HFPolicy, ChatCodec]:
     return policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
 
 
-def build_components(config: Config, run_dir: Path) -> Components:
+def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None) -> Components:
+    """`model_path` (a resumed run's checkpoint) overrides config.model.path."""
     quiet_hf()
     torch.set_num_threads(config.run.threads)
     seed_everything(config.run.seed)
     suite = make_suite(config)
-    path = config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
+    path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
     loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
     policy, codec = inference(loaded)
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
