@@ -69,8 +69,10 @@ def train(config: Config, *, run_dir: Path | None = None) -> dict:
         state = run_schedule(c, logger, stages, store=TrajectoryStore(run_dir / "trajectories" / "rl.jsonl"),
                              state_path=run_dir / "schedule_state.json", on_stage_end=on_stage_end)
         checkpoint(c, run_dir, "final")
-        label = "+".join(s.algo for s in stages[leading_bc:]).upper() or "BC"
-        report("final", state.global_step, label)
+        if leading_bc == len(stages):  # BC only: the model has not changed since the BC eval
+            evals["final"] = evals["bc"]
+        else:
+            report("final", state.global_step, "+".join(s.algo for s in stages[leading_bc:]).upper())
     finally:
         logger.close()
     initial, final = evals["bc"], evals["final"]
