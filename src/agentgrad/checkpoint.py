@@ -46,12 +46,14 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 
 # ---- whole run state ----------------------------------------------------------------------------------------
 #
-# checkpoints/step-000004/   HF model + tokenizer, optimizer.pt, rng.pt, state.json, replay.json
-# checkpoints/LATEST         "step-000004": written last (tmp file + fsync + rename), so it only ever names a
-#                            checkpoint whose every file is on disk. A crash at any point leaves the previous
-#                            LATEST in force; `.tmp` leftovers are removed on the next save.
+# checkpoints/run-000007/   HF model + tokenizer, optimizer.pt, rng.pt, state.json, and named blobs (*.pt)
+# checkpoints/LATEST        "run-000007": written last (tmp file + fsync + rename), so it only ever names a
+#                           checkpoint whose every file is on disk. A crash at any point leaves the previous
+#                           LATEST in force; `.tmp` leftovers are removed by the next save. Names never repeat,
+#                           so a save never touches the directory LATEST names.
 
 LATEST = "LATEST"
+RUN_PREFIX = "run-"
 
 
 def _fsync_path(path: Path) -> None:
@@ -90,31 +92,35 @@ def restore_rng(state: dict) -> None:
         np.random.set_state(state["numpy"])
 
 
+def _next_name(root: Path) -> str:
+    used = [int(p.name[len(RUN_PREFIX):].split(".")[0]) for p in root.glob(RUN_PREFIX + "*")
+            if p.name[len(RUN_PREFIX):].split(".")[0].isdigit()]
+    return f"{RUN_PREFIX}{max(used, default=0) + 1:06d}"
+
+
 def save_run_state(run_dir: str | Path, step: int, model, tokenizer, optimizer: torch.optim.Optimizer,
-                   state: dict, *, replay: dict | None = None, keep: int = 2) -> Path:
-    """Write the whole run state for resuming before `step` (model, optimizer, RNGs, the JSON-able `state`:
-    stage, LR, KL controller, store and metrics offsets, ...), then point LATEST at it."""
+                   state: dict, blobs: dict | None = None, *, keep: int = 2) -> Path:
+    """Write the whole run state (model, optimizer, RNGs, the JSON-able `state`, `blobs` saved with torch.save
+    as `<name>.pt`), then point LATEST at it. `step` (global steps done) only feeds the test kill points."""
     from agentgrad.faults import kill_point
 
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:06d}"
-    final, tmp = root / name, root / (name + ".tmp")
-    for stale in root.glob("step-*.tmp"):
+    for stale in root.glob(RUN_PREFIX + "*.tmp"):
         shutil.rmtree(stale)
+    name = _next_name(root)
+    final, tmp = root / name, root / (name + ".tmp")
     tmp.mkdir()
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
-    if replay is not None:
-        (tmp / "replay.json").write_text(json.dumps(replay))
+    for key, blob in (blobs or {}).items():
+        torch.save(blob, tmp / f"{key}.pt")
+    (tmp / "state.json").write_text(json.dumps(state))
     for f in tmp.iterdir():
         _fsync_path(f)
     kill_point("checkpoint", step)
-    if final.exists():  # a crash after the rename but before LATEST moved: LATEST still names an older one
-        shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_path(root)
     kill_point("checkpoint_pointer", step)
@@ -126,27 +132,26 @@ def save_run_state(run_dir: str | Path, step: int, model, tokenizer, optimizer: 
     os.replace(pointer_tmp, root / LATEST)
     _fsync_path(root)
     kill_point("after_checkpoint", step)
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        if old.is_dir() and not old.name.endswith(".tmp") and old != final:
-            shutil.rmtree(old)
+    done = sorted(p for p in root.glob(RUN_PREFIX + "*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in done[:-keep]:
+        shutil.rmtree(old)
     return final
 
 
 def latest_run_state(run_dir: str | Path) -> tuple[Path, dict]:
-    """(checkpoint dir, state.json) of the checkpoint LATEST names; FileNotFoundError if there is none."""
+    """(checkpoint dir, its state.json) for the checkpoint LATEST names; FileNotFoundError if there is none."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / LATEST
     if not pointer.exists():
-        raise FileNotFoundError(f"{run_dir} has no resumable checkpoint ({pointer} is missing); "
-                                "set run.checkpoint_every > 0 to write them")
+        raise FileNotFoundError(f"{run_dir} has no resumable checkpoint ({pointer} is missing)")
     directory = root / pointer.read_text().strip()
     return directory, json.loads((directory / "state.json").read_text())
 
 
-def load_run_state(directory: Path, optimizer: torch.optim.Optimizer) -> dict | None:
-    """Restore optimizer and RNG states from a run-state checkpoint; returns the replay buffer state (or None).
-    The model itself is loaded from `directory` like any HF checkpoint."""
+def load_run_state(directory: Path, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore optimizer and RNG states from a run-state checkpoint and return its blobs by name. The model
+    itself is loaded from `directory` like any HF checkpoint."""
     optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
     restore_rng(torch.load(directory / "rng.pt", weights_only=False))
-    replay = directory / "replay.json"
-    return json.loads(replay.read_text()) if replay.exists() else None
+    return {p.stem: torch.load(p, weights_only=False) for p in directory.glob("*.pt")
+            if p.stem not in ("optimizer", "rng")}

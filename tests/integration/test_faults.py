@@ -8,14 +8,12 @@ import torch
 
 from agentgrad.backends.base import Generation
 from agentgrad.backends.hf import TorchLearner
-from agentgrad.batch import collate
 from agentgrad.config import build_config
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import NonFiniteLossError
 from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import Components, rollout_limits
-from agentgrad.pipelines.faults import NonFiniteGuard
-from agentgrad.pipelines.rl import compute_advantages, policy_update, rollout_groups, run_rl
+from agentgrad.pipelines.rl import make_batch, policy_update, rollout_groups, run_rl, start_rl
 from agentgrad.rewards.base import load_reward
 from agentgrad.types import Message, ToolCall
 
@@ -74,8 +72,8 @@ def test_ten_percent_tool_faults_are_masked_counted_and_the_run_completes(compon
     c = components("algo.steps=3", "faults.inject_tool_failure_rate=0.1")
     sink = ListSink()
     store = TrajectoryStore(tmp_path)
-    state = run_rl(c, RunLogger([sink], ProgressDisplay(enabled=False)), store)
-    assert state.step == 3 and len(sink.rows) == 3
+    steps = run_rl(c, RunLogger([sink], ProgressDisplay(enabled=False)), store)
+    assert steps == 3 and len(sink.rows) == 3
     samples = list(store.trajectories())
     assert len(samples) == 3 * 32
     faulty = [s for s in samples if any(t.tool_error in ("timeout", "crashed") for t in s.trajectory.turns)]
@@ -94,18 +92,16 @@ def test_nonfinite_loss_skips_the_update_and_aborts_after_k_in_a_row(components)
     tasks = c.suite.sample_tasks(8, split="train", seed=5)
     c.policy.tasks += tasks
     groups = rollout_groups(c, tasks, step=0)
-    batch = collate([s for g in groups for s in g.samples], pad_token_id=c.pad_token_id,
-                    group_index=[i for i, g in enumerate(groups) for _ in g.samples])
-    batch = compute_advantages(c, batch)
-    bad = batch.replace(advantages=torch.full_like(batch.advantages, float("nan")))
+    batch = make_batch(c, groups)
+    bad = batch.replace(advantages=torch.full_like(batch.loss_mask, float("nan")))
     before = {k: v.clone() for k, v in c.loaded.model.state_dict().items()}
-    guard = NonFiniteGuard(limit=3)
-    metrics = policy_update(c, bad, guard)  # 32 episodes / 16 per minibatch: two skipped updates
-    assert metrics["faults/nonfinite_losses"] == 2 and guard.consecutive == 2
+    state = start_rl(c)  # faults.max_consecutive_nonfinite = 3 by default
+    metrics = policy_update(c, bad, state)  # 32 episodes / 16 per minibatch: two skipped updates
+    assert metrics["faults/nonfinite_losses"] == 2 and state.nonfinite.consecutive == 2
     assert all(torch.equal(before[k], v) for k, v in c.loaded.model.state_dict().items())
     with pytest.raises(NonFiniteLossError, match="3 consecutive"):
-        policy_update(c, bad, guard)
-    guard.consecutive = 0
-    policy_update(c, batch.replace(advantages=batch.loss_mask.clone()), guard)  # finite: goes through
-    assert guard.consecutive == 0
+        policy_update(c, bad, state)
+    state.nonfinite.consecutive = 0
+    policy_update(c, batch.replace(advantages=batch.loss_mask.clone()), state)  # finite: goes through
+    assert state.nonfinite.consecutive == 0
     assert any(not torch.equal(before[k], v) for k, v in c.loaded.model.state_dict().items())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -18,6 +19,16 @@ from agentgrad.rollout.loop import RolloutLimits
 from agentgrad.types import Message
 
 
+class RunHooks(Protocol):
+    """Run-level services the RL loop calls without knowing the run directory (see pipelines/resume.py)."""
+
+    def restore_rl(self, state: Any) -> None:
+        """A resumed run: load the saved RL state into the fresh `state` (once)."""
+
+    def after_rl_step(self, c: "Components", state: Any, global_step: int) -> None:
+        """After a step is logged: write a run-state checkpoint when one is due."""
+
+
 @dataclass
 class Components:
     config: Config
@@ -28,6 +39,7 @@ class Components:
     learner: TorchLearner
     reward_fn: RewardFn
     limits: RolloutLimits
+    hooks: RunHooks | None = None
 
     @property
     def pad_token_id(self) -> int:

@@ -22,26 +22,29 @@ INFRA_TOOL_ERRORS = {"timeout": "faults/tool_timeouts", "crashed": "faults/tool_
 """Tool errors that are the infrastructure's fault, not the policy's (unlike bad_arguments or not_found)."""
 
 
-def mask_tool_faults(groups: Sequence[TrajectoryGroup], *, enabled: bool = True
-                     ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """Mask every sample in which a tool timed out or crashed (its outcome says nothing about the policy), and
-    count the faults. Samples already masked by the reward function are counted as reward failures."""
-    counts: Counter = Counter({k: 0.0 for k in (*INFRA_TOOL_ERRORS.values(), "faults/tool_fault_samples",
-                                                "faults/reward_failures")})
-    out = []
-    for g in groups:
-        samples = []
-        for s in g.samples:
-            kinds = [t.tool_error for t in s.trajectory.turns if t.tool_error in INFRA_TOOL_ERRORS]
-            counts.update(INFRA_TOOL_ERRORS[k] for k in kinds)
-            if s.reward.masked:
-                counts["faults/reward_failures"] += 1
-            elif kinds and enabled:
-                s = ScoredTrajectory(s.trajectory, masked(f"tool fault: {kinds[0]}"), s.success)
-                counts["faults/tool_fault_samples"] += 1
-            samples.append(s)
-        out.append(dataclasses.replace(g, samples=tuple(samples)))
-    return out, {k: float(v) for k, v in counts.items()}
+def _tool_faults(sample: ScoredTrajectory) -> list[str]:
+    return [t.tool_error for t in sample.trajectory.turns if t.tool_error in INFRA_TOOL_ERRORS]
+
+
+def mask_tool_faults(groups: Sequence[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """Mask every sample in which a tool timed out or crashed: its outcome says nothing about the policy."""
+    def fix(s: ScoredTrajectory) -> ScoredTrajectory:
+        kinds = _tool_faults(s)
+        return ScoredTrajectory(s.trajectory, masked(f"tool fault: {kinds[0]}"), s.success) \
+            if kinds and not s.reward.masked else s
+    return [dataclasses.replace(g, samples=tuple(fix(s) for s in g.samples)) for g in groups]
+
+
+def fault_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """Tool faults (calls) and the samples masked for a tool fault or by a failing reward function."""
+    counts: Counter = Counter({k: 0 for k in (*INFRA_TOOL_ERRORS.values(), "faults/tool_fault_samples",
+                                              "faults/reward_failures")})
+    for s in (s for g in groups for s in g.samples):
+        counts.update(INFRA_TOOL_ERRORS[k] for k in _tool_faults(s))
+        if s.reward.masked:
+            tool = (s.reward.reason or "").startswith("tool fault")
+            counts["faults/tool_fault_samples" if tool else "faults/reward_failures"] += 1
+    return {k: float(v) for k, v in counts.items()}
 
 
 @dataclass
