@@ -76,3 +76,31 @@ def test_split_groups_caps_by_buffer_and_keeps_one_fresh_group():
     assert split_groups(10, 0.7, available=2) == (8, 2)
     assert split_groups(2, 0.99, available=100) == (1, 1)
     assert split_groups(4, 1.0, available=100) == (0, 4)
+
+
+def test_off_policy_correction_reweights_only_replayed_rows():
+    import math
+
+    import torch
+
+    from agentgrad.batch import TokenBatch
+    from agentgrad.config import build_config
+    from agentgrad.pipelines.replay import off_policy_correction
+
+    config = build_config(overrides=["replay.is_level=token", "replay.is_mode=truncate", "replay.is_bound=2.0"])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])  # (2, 3)
+    behaviour = torch.tensor([[0.0, -1.0, -1.0], [0.0, -2.0, -0.5]])  # row 1 was sampled by an old policy mu
+    prox = torch.tensor([[0.0, -1.1, -0.9], [0.0, -1.5, -1.5]])  # the current policy before the update
+    batch = TokenBatch(input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 3, dtype=torch.long),
+                       loss_mask=mask, old_logprobs=behaviour, token_rewards=torch.zeros(2, 3),
+                       group_index=torch.tensor([0, 1]))
+    out, metrics = off_policy_correction(config, batch, prox, torch.tensor([False, True]))
+    # replayed row: w = exp(-1.5 - -2.0) = e^0.5 = 1.6487 (kept), exp(-1.5 - -0.5) = e^-1 = 0.3679
+    assert torch.allclose(out.is_weights[1, 1:], torch.tensor([math.exp(0.5), math.exp(-1.0)]))
+    assert torch.equal(out.is_weights[0], torch.ones(3))  # fresh row: weight 1, its own logprobs as pi_old
+    assert torch.equal(out.old_logprobs[0], behaviour[0]) and torch.equal(out.old_logprobs[1], prox[1])
+    assert metrics["offpolicy/is_weight_mean"] == pytest.approx((math.exp(0.5) + math.exp(-1.0)) / 2)
+    assert metrics["offpolicy/is_weight_max"] == pytest.approx(math.exp(0.5))
+    assert metrics["offpolicy/frac_truncated"] == 0.0
+    # ESS = (1.6487 + 0.3679)^2 / (2 * (1.6487^2 + 0.3679^2)) = 4.0667 / 5.7073 = 0.7125
+    assert metrics["offpolicy/ess"] == pytest.approx(0.7125, abs=1e-3)
