@@ -316,6 +316,19 @@ def critic_metrics(batch: TokenBatch) -> dict[str, float]:
 # ---- the step -----------------------------------------------------------------------------------------------
 
 
+def mix_replay(c: Components, state: RLState, rollout: Rollout, step: int, num_replayed: int
+               ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """The step's training groups: its fresh groups, then `num_replayed` drawn from the buffer before this
+    step's groups join it. Also moves the success EMA that schedules the mix."""
+    replayed = sample_replay(c.config, state.replay, num_replayed, step)
+    add_fresh(c.config, state.replay, rollout.sampled, step)
+    samples = [s for g in rollout.sampled for s in g.samples]
+    state.success_ema = update_success_ema(c.config, state.success_ema, sum(s.success for s in samples) / len(samples))
+    return [*rollout.groups, *replayed], {
+        "replay/fresh_groups": float(len(rollout.groups)), "replay/replayed_groups": float(len(replayed)),
+        "replay/buffer_groups": float(len(state.replay) if state.replay is not None else 0)}
+
+
 def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | None) -> dict[str, float]:
     t0 = time.perf_counter()
     num_fresh, num_replayed = plan_step(c.config, state.replay, state.success_ema or 0.0)
@@ -327,17 +340,13 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
     if store is not None:
         store.append([s for g in rollout.sampled for s in g.samples], step=step, stage="rl",
                      groups=[f"{step}:{i}" for i, g in enumerate(rollout.sampled) for _ in g.samples])
-    replayed = sample_replay(c.config, state.replay, num_replayed, step)  # before this step's groups join
-    add_fresh(c.config, state.replay, rollout.sampled, step)
-    state.success_ema = update_success_ema(c.config, state.success_ema, metrics["rollout/success_rate"])
-    metrics |= {"replay/fresh_groups": float(len(rollout.groups)), "replay/replayed_groups": float(len(replayed)),
-                "replay/buffer_groups": float(len(state.replay) if state.replay is not None else 0)}
-    groups = [*rollout.groups, *replayed]
+    groups, replay_metrics = mix_replay(c, state, rollout, step, num_replayed)
+    metrics |= replay_metrics
     if not groups:
         return metrics | {"train/updates": 0.0, "train/no_signal_steps": 1.0, "perf/step_s": time.perf_counter() - t0,
                           "train/kl_coef": state.kl_controller.value}
     batch = make_batch(c, groups)
-    if replayed:
+    if len(groups) > len(rollout.groups):
         batch, correction = correct_replayed(c, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
         metrics |= correction
     if state.reference is not None:
