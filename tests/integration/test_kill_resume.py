@@ -20,8 +20,9 @@ from agentgrad.pipelines.train import train
 HERE = Path(__file__).parent
 SRC = HERE.parents[1] / "src"
 
-# A deliberately tiny, fast run that still exercises every piece of state: BC, GRPO updates with signal
-# (token_parity_reward), replay mixing with IS correction, injected tool faults, a checkpoint after every step.
+# A deliberately tiny, fast run that still exercises every piece of state: BC, PPO updates with signal
+# (token_parity_reward) and a critic, an adaptive KL controller and its frozen reference, replay mixing with IS
+# correction, injected tool faults, a checkpoint after every step.
 TINY = [
     "env.options={min_operands: 2, max_operands: 2, min_digits: 2, max_digits: 2, operators: '+', result_digits: 2}",
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
@@ -31,7 +32,7 @@ TINY = [
     "algo.minibatch_size_episodes=4", "rollout.max_new_tokens_per_turn=16", "rollout.max_turns=2",
     "eval.num_tasks=4", "run.threads=1", "run.checkpoint_every=1", "run.progress=false",
     "replay.enabled=true", "replay.offline_fraction=0.5", "faults.inject_tool_failure_rate=0.3",
-    "reward.name=resume_helpers:token_parity_reward",
+    "reward.name=resume_helpers:token_parity_reward", "algo=ppo", "algo.kl_coef=0.05", "algo.kl_controller=adaptive",
 ]
 # (kill point, step it fires at): rollout/update/store take the RL step index, the checkpoint points the
 # number of steps completed. Each kill is followed by `agentgrad train --resume`.
