@@ -170,7 +170,8 @@ class StageConfig(_Section):
 
     @model_validator(mode="after")
     def _known_overrides(self) -> "StageConfig":
-        unknown = sorted(set(self.algo_overrides) - set(AlgoConfig.model_fields) | ({"name"} & set(self.algo_overrides)))
+        keys = set(self.algo_overrides)
+        unknown = sorted((keys - set(AlgoConfig.model_fields)) | (keys & {"name"}))
         if unknown:
             raise ValueError(f"algo_overrides has keys {unknown} that are not algo fields (or is 'name', which is "
                              f"the stage's algo); valid: {', '.join(sorted(set(AlgoConfig.model_fields) - {'name'}))}")

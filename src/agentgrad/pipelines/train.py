@@ -80,6 +80,7 @@ def train(config: Config, *, run_dir: Path | None = None) -> dict:
                "final_success_rate": final.success_rate, "initial_eval": initial.to_dict(),
                "final_eval": final.to_dict(), "wall_time_s": round(time.perf_counter() - started, 1),
                "bc_steps": steps_by_algo.get("bc", 0), "rl_steps": state.global_step,
-               "algorithm": "+".join(s.algo for s in stages), "stage_switches": [dataclasses.asdict(w) for w in state.switches]}
+               "algorithm": "+".join(s.algo for s in stages),
+               "stage_switches": [dataclasses.asdict(w) for w in state.switches]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
