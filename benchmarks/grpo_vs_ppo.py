@@ -86,31 +86,37 @@ def run_one(start: dict, algo: str, seed: int, budget_tokens: int, threshold: fl
 
     t0 = time.perf_counter()
     STAGES.get(algo)(c, RunLogger([], ProgressDisplay(enabled=False)), None, on_step, 0)
-    reached = None
-    for i in range(window - 1, len(trace)):
-        if statistics.fmean(t["success"] for t in trace[i - window + 1:i + 1]) >= threshold:
-            reached = i + 1
-            break
+    reached = steps_to([t["success"] for t in trace], threshold, window)
     return {"start": start["target"], "start_heldout": start["heldout"], "algo": algo, "seed": seed,
             "steps": len(trace), "tokens": trace[-1]["tokens"], "steps_to_threshold": reached,
             "tokens_to_threshold": trace[reached - 1]["tokens"] if reached else None,
             "final_heldout": heldout(c), "zero_signal_fraction": statistics.fmean(t["zero_signal"] for t in trace),
-            "rollout_success": [round(t["success"], 3) for t in trace], "wall_s": round(time.perf_counter() - t0, 1)}
+            "rollout_success": [round(t["success"], 3) for t in trace], "tokens_cumulative": [t["tokens"] for t in trace],
+            "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def table(rows: list[dict], threshold: float) -> str:
+def steps_to(trace: list[float], threshold: float, window: int) -> int | None:
+    """First step at which the mean rollout success of the last `window` steps reaches `threshold`."""
+    for i in range(window - 1, len(trace)):
+        if statistics.fmean(trace[i - window + 1:i + 1]) >= threshold:
+            return i + 1
+    return None
+
+
+def table(rows: list[dict], threshold: float, window: int) -> str:
     by = defaultdict(list)
     for r in rows:
         by[(r["start"], r["algo"])].append(r)
-    lines = [f"| start (held-out) | algo | seeds | steps to rollout success >= {threshold:.0%} | final held-out | "
-             "zero-signal groups |", "|---|---|---|---|---|---|"]
-    for (start, algo), rs in sorted(by.items()):
-        hits = [r["steps_to_threshold"] for r in rs if r["steps_to_threshold"]]
-        steps = (f"{statistics.fmean(hits):.1f} ({len(hits)}/{len(rs)} reached)" if hits else f"not reached (0/{len(rs)})")
+    lines = [f"| start: target (held-out) | algo | seeds | steps to rolling rollout success >= {threshold:.0%} | "
+             "final held-out (mean ± sd) | zero-signal groups |", "|---|---|---|---|---|---|"]
+    for (start, algo), rs in sorted(by.items(), key=lambda kv: (kv[0][0], ALGOS.index(kv[0][1]))):
+        hits = [h for r in rs if (h := steps_to(r["rollout_success"], threshold, window))]
+        steps = f"{statistics.fmean(hits):.1f} ({len(hits)}/{len(rs)} reached)" if hits else f"not reached (0/{len(rs)})"
         finals = [r["final_heldout"] for r in rs]
         spread = f" ± {statistics.stdev(finals):.0%}" if len(finals) > 1 else ""
+        zero = statistics.fmean(r["zero_signal_fraction"] for r in rs)
         lines.append(f"| {start:.0%} ({rs[0]['start_heldout']:.0%}) | {algo} | {len(rs)} | {steps} | "
-                     f"{statistics.fmean(finals):.0%}{spread} | {statistics.fmean(r['zero_signal_fraction'] for r in rs):.0%} |")
+                     f"{statistics.fmean(finals):.0%}{spread} | {zero:.0%} |")
     return "\n".join(lines)
 
 
@@ -125,7 +131,7 @@ def main() -> None:
     ap.add_argument("--table", type=Path, help="Only print the table of an existing results.jsonl.")
     args = ap.parse_args()
     if args.table:
-        print(table([json.loads(line) for line in args.table.read_text().splitlines()], args.threshold))
+        print(table([json.loads(line) for line in args.table.read_text().splitlines()], args.threshold, args.window))
         return
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +149,7 @@ def main() -> None:
                 print(f"{start['target']:.0%} {algo} seed {seed}: steps to threshold {row['steps_to_threshold']}, "
                       f"held-out {start['heldout']:.0%} -> {row['final_heldout']:.0%}, zero-signal "
                       f"{row['zero_signal_fraction']:.0%} ({row['wall_s']} s)", flush=True)
-    print(table(rows, args.threshold))
+    print(table(rows, args.threshold, args.window))
 
 
 if __name__ == "__main__":
