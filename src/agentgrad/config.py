@@ -140,7 +140,7 @@ class RestConfig(_Section):
     tasks_per_iteration: int = Field(16, gt=0, description="Tasks sampled by each Grow step.")
     samples_per_task: int = Field(8, gt=0, description="Samples per task (N) in each Grow step.")
     threshold_start: float = Field(0.5, description="Reward threshold of the first Improve step.")
-    threshold_increment: float = Field(0.0, ge=0, description="Threshold rise per iteration.")
+    threshold_increment: float = Field(0.1, ge=0, description="Threshold rise per iteration.")
     threshold_max: float = Field(1.0, description="Ceiling of the rising threshold.")
     sft_steps: int = Field(8, ge=0, description="SFT optimizer steps per Improve step.")
     batch_size_episodes: int = Field(32, gt=0, description="Episodes per SFT step.")
@@ -170,7 +170,8 @@ class StageConfig(_Section):
 
     @model_validator(mode="after")
     def _known_overrides(self) -> "StageConfig":
-        unknown = sorted(set(self.algo_overrides) - set(AlgoConfig.model_fields) | ({"name"} & set(self.algo_overrides)))
+        keys = set(self.algo_overrides)
+        unknown = sorted((keys - set(AlgoConfig.model_fields)) | (keys & {"name"}))
         if unknown:
             raise ValueError(f"algo_overrides has keys {unknown} that are not algo fields (or is 'name', which is "
                              f"the stage's algo); valid: {', '.join(sorted(set(AlgoConfig.model_fields) - {'name'}))}")

@@ -18,11 +18,24 @@ BC = ["bc.steps=190", "bc.stop_at_success=null", "algo=bc", "run.threads=1"]
 # Small per-algorithm budgets: a few rollout batches of 8 tasks x 8 samples each.
 ALGOS = {
     "grpo": ["algo.steps=4", "algo.epochs_per_step=2"],
-    "ppo": ["algo.steps=4", "algo.epochs_per_step=2"],
+    # PPO as in Ziegler et al. 2019: KL to the BC policy as a reward penalty, adaptive coefficient.
+    "ppo": ["algo.steps=4", "algo.epochs_per_step=2", "algo.kl_coef=0.05", "algo.kl_mode=reward",
+            "algo.kl_controller=adaptive", "algo.kl_target=0.5", "algo.kl_horizon_episodes=500"],
     "rest": ["rest.iterations=4", "rest.tasks_per_iteration=8", "rest.samples_per_task=8", "rest.sft_steps=4",
              "rest.threshold_start=1.0"],
     "dpo": ["dpo.iterations=4", "dpo.tasks_per_iteration=8", "dpo.samples_per_task=8", "dpo.epochs=1"],
 }
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def write(self, step, stage, metrics) -> None:
+        self.records.append(dict(metrics))
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +54,12 @@ def test_algorithm_raises_heldout_success_from_bc(bc_start, algo, tmp_path):
     config = build_config(overrides=[*FAST, "bc.steps=0", "run.threads=1", f"model.path={checkpoint}",
                                      f"algo={algo}", *ALGOS[algo]])
     c = build_components(config, tmp_path)
-    logger = RunLogger([], ProgressDisplay(enabled=False))
-    STAGES.get(algo)(c, logger, None, None, 0)
+    sink = _Sink()
+    STAGES.get(algo)(c, RunLogger([sink], ProgressDisplay(enabled=False)), None, None, 0)
     final = held_out(c).success_rate
     print(f"{algo}: held-out success {start:.0%} -> {final:.0%}")
     assert final > start, f"{algo}: held-out success {start:.0%} -> {final:.0%}"
+    if algo == "ppo":  # the adaptive coefficient is logged every step and moves
+        coefs = [m["train/kl_coef"] for m in sink.records]
+        assert len(coefs) == 4 and coefs[0] == 0.05 and coefs[-1] != coefs[0], coefs
+        assert all("critic/explained_variance" in m and "rollout/kl_ref" in m for m in sink.records)

@@ -26,7 +26,8 @@ from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_m
 from agentgrad.types import ScoredTrajectory
 
 
-def pair_batches(c: Components, pairs: Sequence[tuple[ScoredTrajectory, ScoredTrajectory]]) -> tuple[TokenBatch, TokenBatch]:
+def pair_batches(c: Components, pairs: Sequence[tuple[ScoredTrajectory, ScoredTrajectory]]
+                 ) -> tuple[TokenBatch, TokenBatch]:
     chosen = collate([p[0] for p in pairs], pad_token_id=c.pad_token_id)
     rejected = collate([p[1] for p in pairs], pad_token_id=c.pad_token_id)
     return chosen, rejected
@@ -69,7 +70,8 @@ def dpo_step(c: Components, step: int, reference: torch.nn.Module, rng: random.R
     metrics = rollout_metrics(groups) | {"dpo/pairs": float(len(pairs))}
     if pairs:
         chosen, rejected = pair_batches(c, pairs)
-        ref_chosen, ref_rejected = frozen_sequence_logprobs(reference, chosen), frozen_sequence_logprobs(reference, rejected)
+        ref_chosen = frozen_sequence_logprobs(reference, chosen)  # (N,)
+        ref_rejected = frozen_sequence_logprobs(reference, rejected)  # (N,)
         metrics |= dpo_update(c, chosen, rejected, ref_chosen, ref_rejected, rng)
     else:
         metrics["train/updates"] = 0.0

@@ -121,11 +121,12 @@ def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: 
                    round_index: int = 0) -> list[TrajectoryGroup]:
     G = group_size or c.config.algo.group_size
     repeated = [t for t in tasks for _ in range(G)]
-    sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=c.config.rollout.temperature,
-                              top_p=c.config.rollout.top_p, seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
+    r = c.config.rollout
+    sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
+                              seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
     trajectories = run_episodes(c.policy, c.codec, [make_env(c, step, i) for i in range(len(repeated))], repeated,
-                                sampling=sampling, limits=c.limits, sample_indices=[i % G for i in range(len(repeated))],
-                                policy_version=step)
+                                sampling=sampling, limits=c.limits,
+                                sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
     scored = score(trajectories, c.reward_fn, c.suite)
     groups = [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
     return mask_tool_faults(groups) if c.config.faults.mask_tool_faults else groups
@@ -179,9 +180,22 @@ def reference_logprobs(reference: torch.nn.Module, batch: TokenBatch, temperatur
     return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature)  # (B, T)
 
 
+def add_reference(c: Components, state: RLState, batch: TokenBatch) -> TokenBatch:
+    """Reference logprobs, and in kl_mode=reward the KL penalty folded into the token rewards."""
+    if state.reference is None:
+        return batch
+    batch = batch.replace(ref_logprobs=reference_logprobs(state.reference, batch, c.config.rollout.temperature))
+    if c.config.algo.kl_mode == "reward":
+        batch = penalise_rewards(batch, state.kl_controller.value)
+    return batch
+
+
 @torch.no_grad()
-def add_values(critic: Critic, batch: TokenBatch) -> TokenBatch:
-    return batch.replace(values=critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask))  # (B, T)
+def add_values(state: RLState, batch: TokenBatch) -> TokenBatch:
+    """The critic's values at rollout time: the estimator's V and the clipped value loss's anchor."""
+    if state.critic is None:
+        return batch
+    return batch.replace(values=state.critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask))
 
 
 def rollout_kl(batch: TokenBatch) -> torch.Tensor:
@@ -204,9 +218,21 @@ def proximal_logprobs(c: Components, batch: TokenBatch) -> torch.Tensor:
 
 
 def correct_replayed(c: Components, batch: TokenBatch, num_fresh: int) -> tuple[TokenBatch, dict[str, float]]:
-    """Rows from `num_fresh` on were replayed: clip around pi_prox and weight by pi_prox / mu (pipelines.replay)."""
+    """Rows from `num_fresh` on were replayed: clip around pi_prox and weight by pi_prox / mu (pipelines.replay).
+    A batch of fresh rows only is returned as it is."""
+    if num_fresh >= batch.num_sequences:
+        return batch, {}
     replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
     return off_policy_correction(c.config, batch, proximal_logprobs(c, batch), replayed)
+
+
+def adapt_kl_coef(state: RLState, batch: TokenBatch) -> dict[str, float]:
+    """Feed the measured KL to the controller (a no-op for the fixed one); the next step uses the new value."""
+    if batch.ref_logprobs is None:
+        return {}
+    kl = rollout_kl(batch).mean().item()
+    state.kl_controller.update(kl, n_steps=batch.num_sequences)
+    return {"rollout/kl_ref": kl}
 
 
 def penalise_rewards(batch: TokenBatch, coef: float) -> TokenBatch:
@@ -309,6 +335,8 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
 
 
 def critic_metrics(batch: TokenBatch) -> dict[str, float]:
+    if batch.values is None:
+        return {}
     return {"critic/value_mean": masked_mean(batch.values, batch.loss_mask).item(),
             "critic/explained_variance": explained_variance(batch.values, batch.returns, batch.loss_mask).item()}
 
@@ -335,39 +363,29 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
     rollout = collect_groups(c, step, num_fresh)
     kill_point("rollout", step)
     t_rollout = time.perf_counter() - t0
-    metrics = rollout_metrics(rollout.sampled) | fault_metrics(rollout.sampled) | {
-        "rollout/rounds": float(rollout.rounds), "rollout/groups_trained": float(len(rollout.groups))}
     if store is not None:
         store.append([s for g in rollout.sampled for s in g.samples], step=step, stage="rl",
                      groups=[f"{step}:{i}" for i, g in enumerate(rollout.sampled) for _ in g.samples])
+    metrics = rollout_metrics(rollout.sampled) | fault_metrics(rollout.sampled) | {
+        "rollout/rounds": float(rollout.rounds), "rollout/groups_trained": float(len(rollout.groups)),
+        "train/kl_coef": state.kl_controller.value}
     groups, replay_metrics = mix_replay(c, state, rollout, step, num_replayed)
     metrics |= replay_metrics
-    if not groups:
-        return metrics | {"train/updates": 0.0, "train/no_signal_steps": 1.0, "perf/step_s": time.perf_counter() - t0,
-                          "train/kl_coef": state.kl_controller.value}
-    batch = make_batch(c, groups)
-    if len(groups) > len(rollout.groups):
+    if groups:
+        batch = make_batch(c, groups)
         batch, correction = correct_replayed(c, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
         metrics |= correction
-    if state.reference is not None:
-        batch = batch.replace(ref_logprobs=reference_logprobs(state.reference, batch, c.config.rollout.temperature))
-        if c.config.algo.kl_mode == "reward":
-            batch = penalise_rewards(batch, state.kl_controller.value)
-    if state.critic is not None:
-        batch = add_values(state.critic, batch)
-    batch = compute_advantages(c, batch, state.algorithm)
-    metrics |= policy_update(c, batch, state, step)
-    metrics["train/kl_coef"] = state.kl_controller.value
-    if state.reference is not None:
-        episode_kl = rollout_kl(batch)  # (B,)
-        metrics["rollout/kl_ref"] = episode_kl.mean().item()
-        state.kl_controller.update(metrics["rollout/kl_ref"], n_steps=batch.num_sequences)
-    if state.critic is not None:
+        batch = add_reference(c, state, batch)
+        batch = add_values(state, batch)
+        batch = compute_advantages(c, batch, state.algorithm)
+        metrics |= policy_update(c, batch, state, step)
+        metrics |= adapt_kl_coef(state, batch)
         metrics |= critic_metrics(batch)
+    else:  # dynamic sampling found no group with signal
+        metrics |= {"train/updates": 0.0, "train/no_signal_steps": 1.0}
     elapsed = time.perf_counter() - t0
-    metrics |= {"perf/step_s": elapsed, "perf/rollout_s": t_rollout,
-                "perf/tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout, 1e-9)}
-    return metrics
+    return metrics | {"perf/step_s": elapsed, "perf/rollout_s": t_rollout,
+                      "perf/tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout, 1e-9)}
 
 
 def run_rl(c: Components, logger: RunLogger, store: TrajectoryStore | None = None, *,

@@ -181,9 +181,9 @@ def run_schedule(c: Components, logger: RunLogger, stages: Sequence[StageConfig]
                               switches=(*state.switches, switch))
         if state_path is not None:
             state.save(state_path)
-        logger.log(state.global_step, "schedule", {"schedule/from_stage": float(index), "schedule/to_stage": float(index + 1),
-                                                   "schedule/stage_steps": float(taken),
-                                                   "schedule/by_condition": float(fired)})
+        logger.log(state.global_step, "schedule", {
+            "schedule/from_stage": float(index), "schedule/to_stage": float(index + 1),
+            "schedule/stage_steps": float(taken), "schedule/by_condition": float(fired)})
         logger.display.print(f"stage {index} ({stage.algo}) ended after {taken} steps"
                              + (f": rolling {stage.until_metric} reached {stage.until_value}" if fired else ""))
         if on_stage_end is not None:
