@@ -22,16 +22,16 @@ ids the policy would have had to generate, and the ids the loop appends for obse
 Behaviour logprobs: an assistant message's `logprobs` is either a list of floats or OpenAI's
 `{"content": [{"token", "logprob"}, ...]}`, one entry per token *of our tokenisation of that turn* (its eos
 included). When any assistant turn lacks them, or their count does not match (another tokenizer wrote the
-log), the whole episode is handed to the `rescore` callback (see `pipelines/data.py`). No torch here.
+log), `encode_episode` says so and the importer rescores the episode (`pipelines/data.py`). No torch here.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from agentgrad.types import (FinalAnswer, Message, StopReason, Task, ToolCall, Trajectory, Turn)
+from agentgrad.types import FinalAnswer, Message, StopReason, Task, ToolCall, Trajectory, Turn
 
 
 class LogFormatError(ValueError):
@@ -201,5 +201,3 @@ def to_chat_line(traj: Trajectory, *, reward: float | None = None, success: bool
         line["success"] = success
     return line
 
-
-Rescore = Callable[[Sequence[Trajectory]], Sequence[Trajectory]]
