@@ -5,6 +5,8 @@ Conventions (all tensors right-padded to the longest sequence, T):
 - `old_logprobs[b, t]` is log pi_behaviour(input_ids[b, t] | input_ids[b, :t]); position 0 is always 0;
 - `loss_mask[b, t] == 1` exactly where token t was sampled by the policy and the sample is trainable
   (padding, prompt, tool observations and masked samples are 0);
+- `values[b, t]` (critics) is V(input_ids[b, :t]), the value of the state in which token t was chosen, read from
+  the hidden state at position t - 1, exactly as `old_logprobs[b, t]` is; position 0 is 0;
 - `token_rewards[b, t]` credits rewards at tokens: each turn's process reward on that turn's last generated
   token, the outcome reward on the last generated token of the episode.
 Turns are the maximal runs of 1s in the (unmasked) policy mask; estimators that discount per turn derive them.
@@ -32,6 +34,8 @@ class TokenBatch:
     advantages: torch.Tensor | None = None  # (B, T) float
     returns: torch.Tensor | None = None  # (B, T) float
     ref_logprobs: torch.Tensor | None = None  # (B, T) float, frozen reference policy
+    values: torch.Tensor | None = None  # (B, T) float, critic's V(input_ids[b, :t]) at the rollout, 0 off-policy
+    is_weights: torch.Tensor | None = None  # (B, T) float, off-policy correction pi/mu (1 on fresh rows)
 
     @property
     def num_sequences(self) -> int:

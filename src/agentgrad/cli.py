@@ -15,6 +15,8 @@ tool_app = typer.Typer(no_args_is_help=True, help="Run tools by hand.")
 app.add_typer(tool_app, name="tool")
 judge_app = typer.Typer(no_args_is_help=True, help="LLM-as-judge rewards: calibrate before use.")
 app.add_typer(judge_app, name="judge")
+data_app = typer.Typer(no_args_is_help=True, help="Trajectory data: import offline chat logs, export a run's store.")
+app.add_typer(data_app, name="data")
 
 
 def _fail(message: str) -> None:
@@ -26,20 +28,31 @@ def _fail(message: str) -> None:
 def train(
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Built-in preset name or path to a YAML file."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a run directory from its last "
+                                          "checkpoint (run.checkpoint_every > 0); overrides apply on top of its "
+                                          "config.yaml."),
 ) -> None:
     """Train: BC warm-up on expert demonstrations, then online RL; held-out success after each."""
+    import yaml
+
     from agentgrad.config import ConfigError, build_config
 
     try:
-        config = build_config(preset, overrides or [])
+        if resume is not None:
+            if not (resume / "config.yaml").exists():
+                _fail(f"{resume} is not a run directory (no config.yaml)")
+            config = build_config(None, overrides or [], base=yaml.safe_load((resume / "config.yaml").read_text()))
+        else:
+            config = build_config(preset, overrides or [])
     except ConfigError as exc:
         _fail(str(exc))
+    from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
     from agentgrad.pipelines.train import train as run_train
 
     try:
-        summary = run_train(config)
-    except (ModelLoadError, FileExistsError) as exc:
+        summary = run_train(config, run_dir=resume, resume=resume is not None)
+    except (ModelLoadError, FileExistsError, NonFiniteLossError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))
@@ -133,6 +146,46 @@ def judge_calibrate(
     from agentgrad.rewards.calibration import calibrate_cli
 
     raise typer.Exit(calibrate_cli(labels, base_url, model, out, threshold, rubric=rubric))
+
+
+@data_app.command("import")
+def data_import(
+    log: Path = typer.Argument(..., help="JSONL of OpenAI-format chat episodes with tool calls (see docs/replay.md)."),
+    out: Path = typer.Option(..., "--out", help="Store directory to write (replay.offline_paths reads it)."),
+    model: str = typer.Option(..., "--model", help="Model dir of the policy to train: its tokenizer and chat "
+                                                   "template encode the episodes."),
+    behaviour_model: Optional[str] = typer.Option(None, "--behaviour-model", help="Model that scores episodes "
+                                                  "logged without logprobs (default: --model)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env, reward, rollout.temperature)."),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env and reward."),
+) -> None:
+    """Encode an offline agent log into trajectories, token-in/token-out through the policy's chat codec."""
+    from agentgrad.config import ConfigError, build_config
+    from agentgrad.pipelines.data import import_chat_log
+
+    try:
+        config = build_config(preset, overrides or [])
+    except ConfigError as exc:
+        _fail(str(exc))
+    if not log.exists():
+        _fail(f"no such log: {log}")
+    report = import_chat_log(config, log, out, model_path=model, behaviour_model_path=behaviour_model)
+    typer.echo(json.dumps(report.to_dict()))
+
+
+@data_app.command("export")
+def data_export(
+    store: Path = typer.Argument(..., help="A store directory, e.g. RUN_DIR/trajectories."),
+    out: Path = typer.Option(..., "--out", help="JSONL chat log to write."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env) for the tool schemas."),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env."),
+) -> None:
+    """Write a store as an OpenAI-format chat log with per-turn behaviour logprobs."""
+    from agentgrad.config import build_config
+    from agentgrad.pipelines.data import export_chat_log
+
+    typer.echo(json.dumps({"episodes": export_chat_log(build_config(preset, overrides or []), store, out),
+                           "out": str(out)}))
 
 
 def main() -> None:

@@ -81,8 +81,16 @@ class BCConfig(_Section):
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
 
 
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "rest", "dpo", "bc")
+"""Stage algorithms `algo.name` and `schedule.stages[].algo` accept; `pipelines.schedule.STAGES` implements them."""
+
+AlgoName = Literal["grpo", "rloo", "reinforce_pp", "ppo", "rest", "dpo", "bc"]
+
+
 class AlgoConfig(_Section):
-    name: Literal["grpo"] = Field("grpo", description="Online RL algorithm.")
+    name: AlgoName = Field("grpo", description="Algorithm of the stage after BC: online RL (grpo, rloo, "
+                                               "reinforce_pp, ppo), rest, dpo, or bc (BC only). Ignored when "
+                                               "schedule.stages is set.")
     steps: int = Field(110, ge=0, description="RL steps (one rollout batch, then epochs_per_step passes over it).")
     tasks_per_step: int = Field(16, gt=0, description="Distinct tasks per RL step.")
     group_size: int = Field(8, ge=2, description="Samples per task (G); advantages are relative within a group.")
@@ -91,11 +99,124 @@ class AlgoConfig(_Section):
     minibatch_size_episodes: int = Field(64, gt=0, description="Episodes per optimizer step within an epoch.")
     clip_low: float = Field(0.2, gt=0, description="PPO clip: ratio floor is 1 - clip_low.")
     clip_high: float = Field(0.28, gt=0, description="PPO clip: ratio ceiling is 1 + clip_high (clip-higher).")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip bound c > 1 on negative-advantage tokens "
+                                                            "(Ye et al. 2020); None: off.")
     norm_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr.GRPO).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0: no reference model).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount: per turn for grpo/rloo/reinforce_pp, per policy "
+                                                      "token for ppo's GAE.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (ppo only).")
+    kl_coef: float = Field(0.0, ge=0, description="Initial KL-to-reference coefficient (0: no reference model).")
+    kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term (GRPO style) or as a "
+                                                                  "per-token reward penalty (Ziegler et al. 2019).")
+    kl_controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep kl_coef fixed, or adapt it "
+                                                       "towards kl_target (Ziegler et al. 2019); logged as "
+                                                       "train/kl_coef.")
+    kl_target: float = Field(0.05, gt=0, description="Adaptive controller: target KL per episode (nats, summed "
+                                                     "over the episode's policy tokens).")
+    kl_horizon_episodes: int = Field(2000, gt=0, description="Adaptive controller: horizon in episodes (larger "
+                                                             "adapts the coefficient more slowly).")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator for the reference term.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="Loss aggregation.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    zero_signal: Literal["keep", "filter", "resample"] = Field(
+        "keep", description="Groups whose samples all scored the same: keep them, filter them out, or resample "
+                            "new tasks until tasks_per_step groups have signal (DAPO dynamic sampling).")
+    max_resample_rounds: int = Field(3, ge=0, description="zero_signal=resample: extra rollout rounds per step "
+                                                          "at most (then train on what has signal).")
+
+
+class CriticConfig(_Section):
+    model: Literal["head", "separate"] = Field("head", description="ppo's value model: a linear head on the "
+                                               "policy's (detached) hidden states, or a separate copy of the "
+                                               "policy trunk with its own head and optimizer.")
+    lr: float = Field(1e-3, gt=0, description="Value-model learning rate.")
+    value_clip: float | None = Field(0.2, ge=0, description="Clip of the value update around the rollout's "
+                                                            "values (None: plain squared error).")
+    whiten_advantages: bool = Field(True, description="Whiten GAE advantages over the batch's policy tokens.")
+
+
+class RestConfig(_Section):
+    iterations: int = Field(10, ge=0, description="Grow/Improve iterations.")
+    tasks_per_iteration: int = Field(16, gt=0, description="Tasks sampled by each Grow step.")
+    samples_per_task: int = Field(8, gt=0, description="Samples per task (N) in each Grow step.")
+    threshold_start: float = Field(0.5, description="Reward threshold of the first Improve step.")
+    threshold_increment: float = Field(0.1, ge=0, description="Threshold rise per iteration.")
+    threshold_max: float = Field(1.0, description="Ceiling of the rising threshold.")
+    sft_steps: int = Field(8, ge=0, description="SFT optimizer steps per Improve step.")
+    batch_size_episodes: int = Field(32, gt=0, description="Episodes per SFT step.")
+    lr: float = Field(3e-4, gt=0, description="SFT learning rate of the Improve steps.")
+
+
+class DPOConfig(_Section):
+    iterations: int = Field(10, ge=0, description="Rollout/train iterations (online DPO).")
+    tasks_per_iteration: int = Field(16, gt=0, description="Tasks rolled out per iteration.")
+    samples_per_task: int = Field(8, ge=2, description="Samples per task; pairs are (success, failure) of a task.")
+    beta: float = Field(0.1, gt=0, description="DPO temperature beta (Rafailov et al. 2023).")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO label smoothing.")
+    epochs: int = Field(2, gt=0, description="Passes over each iteration's pairs.")
+    batch_size_pairs: int = Field(16, gt=0, description="Pairs per optimizer step.")
+    lr: float = Field(1e-4, gt=0, description="DPO learning rate.")
+
+
+class StageConfig(_Section):
+    algo: AlgoName = Field(..., description="Algorithm of this stage.")
+    steps: int = Field(..., ge=0, description="Most steps (BC/RL steps, ReST or DPO iterations) of this stage.")
+    until_metric: str | None = Field(None, description="Switch to the next stage early once the rolling mean of "
+                                                      "this metric (e.g. rollout/success_rate) reaches until_value.")
+    until_value: float = Field(0.0, description="Threshold for until_metric.")
+    window_steps: int = Field(5, gt=0, description="Logged steps in the rolling mean of until_metric.")
+    algo_overrides: dict[str, Any] = Field(default_factory=dict, description="algo.* fields set for this stage "
+                                                                              "only (e.g. {lr: 5e-5}).")
+
+    @model_validator(mode="after")
+    def _known_overrides(self) -> "StageConfig":
+        keys = set(self.algo_overrides)
+        unknown = sorted((keys - set(AlgoConfig.model_fields)) | (keys & {"name"}))
+        if unknown:
+            raise ValueError(f"algo_overrides has keys {unknown} that are not algo fields (or is 'name', which is "
+                             f"the stage's algo); valid: {', '.join(sorted(set(AlgoConfig.model_fields) - {'name'}))}")
+        if self.until_metric is None and self.until_value != 0.0:
+            raise ValueError("until_value is set but until_metric is not")
+        return self
+
+
+class ScheduleConfig(_Section):
+    stages: list[StageConfig] = Field(default_factory=list, description="Stages run in order (empty: bc, then "
+                                                                        "algo.name for algo.steps).")
+
+
+class ReplayConfig(_Section):
+    enabled: bool = Field(False, description="Mix replayed groups (offline logs, earlier rollouts) into each RL "
+                                             "step, with importance-weight correction.")
+    offline_paths: list[str] = Field(default_factory=list, description="Store directories to preload (a run's "
+                                     "trajectories/ or the --out of `agentgrad data import`).")
+    capacity_groups: int = Field(4096, gt=0, description="Groups held; adding past capacity evicts the oldest (FIFO).")
+    add_fresh: bool = Field(True, description="Also add each step's fresh rollout groups to the buffer.")
+    sampling: Literal["uniform", "reward"] = Field("uniform", description="Replay sampling: uniform, or "
+                                                   "reward-prioritised (P ~ exp(mean group reward / temperature)).")
+    priority_temperature: float = Field(1.0, gt=0, description="Temperature of reward-prioritised sampling.")
+    offline_fraction: float = Field(0.7, ge=0, lt=1, description="Fraction of each step's groups drawn from the "
+                                    "buffer (the rest are fresh rollouts); the start value under schedule=success.")
+    schedule: Literal["constant", "success"] = Field("constant", description="constant, or move the offline "
+                                                     "fraction toward final_offline_fraction as success rises.")
+    final_offline_fraction: float = Field(0.0, ge=0, lt=1, description="Offline fraction once rollout success "
+                                          "reaches success_target (schedule=success).")
+    success_target: float = Field(0.8, gt=0, le=1, description="Rollout success (EMA) at which the schedule ends.")
+    success_ema: float = Field(0.5, gt=0, le=1, description="Weight of the newest step in the success EMA.")
+    is_level: Literal["token", "sequence"] = Field("token", description="Importance weights per token or per "
+                                                   "sequence (pi_theta / pi_behaviour).")
+    is_mode: Literal["truncate", "mask"] = Field("truncate", description="Weights above is_bound are truncated "
+                                                 "(TIS) or masked out.")
+    is_bound: float = Field(2.0, gt=0, description="Importance-weight bound.")
+
+
+class FaultsConfig(_Section):
+    max_consecutive_nonfinite: int = Field(3, gt=0, description="Abort after this many optimizer updates in a row "
+                                           "with a non-finite loss (each one is skipped, parameters unchanged).")
+    mask_tool_faults: bool = Field(True, description="Mask samples whose tool timed out or crashed (an "
+                                   "infrastructure fault, not the policy's doing) instead of training on them.")
+    inject_tool_failure_rate: float = Field(0.0, ge=0, le=1, description="Chaos testing: this fraction of tool "
+                                            "calls returns a timeout or crash instead of running.")
 
 
 class EvalConfig(_Section):
@@ -110,7 +231,8 @@ class RunConfig(_Section):
     seed: int = Field(0, description="Seed for tasks, model init and sampling.")
     threads: int = Field(2, ge=1, description="torch CPU threads.")
     log_every: int = Field(1, gt=0, description="Steps between metric records.")
-    checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints (0: only at stage ends).")
+    checkpoint_every: int = Field(0, ge=0, description="RL steps between resumable run-state checkpoints "
+                                  "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")
     progress: bool = Field(True, description="Show the live progress display.")
 
 
@@ -122,7 +244,13 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     bc: BCConfig = Field(default_factory=BCConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    rest: RestConfig = Field(default_factory=RestConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":

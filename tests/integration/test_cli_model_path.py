@@ -44,8 +44,10 @@ def test_train_and_eval_a_local_model_with_its_own_template(qwen_style_model, tm
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(run_dir / "checkpoints" / "final")
-    record = json.loads((run_dir / "trajectories" / "rl.jsonl").read_text().splitlines()[0])
-    text = tok.decode(record["trajectory"]["token_ids"])
+    from agentgrad.data.store import TrajectoryStore
+
+    first = next(TrajectoryStore(run_dir / "trajectories").trajectories())
+    text = tok.decode(first.trajectory.token_ids)
     assert "# Tools" in text and '"name": "calculator"' in text
     assert (run_dir / "metrics.jsonl").exists() and (run_dir / "config.yaml").exists()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from typing import Callable, Mapping
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import collate
@@ -49,8 +50,10 @@ def validation_success(c: Components) -> float:
                     split="test", batch_size=c.config.eval.batch_size).success_rate
 
 
-def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None) -> int:
-    """Returns the number of BC steps taken (fewer than bc.steps when stop_at_success was reached)."""
+def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None,
+           on_step: Callable[[int, Mapping[str, float]], bool] | None = None) -> int:
+    """Returns the number of BC steps taken (fewer than bc.steps when stop_at_success was reached, or when
+    `on_step(step, metrics)`, a schedule's switch condition, returned True)."""
     cfg = c.config.bc
     if cfg.steps == 0:
         return 0
@@ -65,11 +68,13 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
         if cfg.stop_at_success is not None and (step + 1) % cfg.eval_every == 0:
             metrics["eval/bc_validation_success"] = validation_success(c)
             reached = metrics["eval/bc_validation_success"] >= cfg.stop_at_success
+        reached = (on_step is not None and on_step(step + 1, metrics)) or reached
         if reached or (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
             logger.log(step + 1, "bc", metrics)
         if reached:
-            logger.display.print(f"BC stopped at step {step + 1}: validation success "
-                                 f"{metrics['eval/bc_validation_success']:.0%} >= {cfg.stop_at_success:.0%}")
+            if "eval/bc_validation_success" in metrics:
+                logger.display.print(f"BC stopped at step {step + 1}: validation success "
+                                     f"{metrics['eval/bc_validation_success']:.0%}")
             logger.display.stop()
             return step + 1
     logger.display.stop()

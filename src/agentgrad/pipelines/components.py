@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -18,6 +19,16 @@ from agentgrad.rollout.loop import RolloutLimits
 from agentgrad.types import Message
 
 
+class RunHooks(Protocol):
+    """Run-level services the RL loop calls without knowing the run directory (see pipelines/resume.py)."""
+
+    def restore_rl(self, state: Any) -> None:
+        """A resumed run: load the saved RL state into the fresh `state` (once)."""
+
+    def after_rl_step(self, c: "Components", state: Any, global_step: int) -> None:
+        """After a step is logged: write a run-state checkpoint when one is due."""
+
+
 @dataclass
 class Components:
     config: Config
@@ -28,6 +39,7 @@ class Components:
     learner: TorchLearner
     reward_fn: RewardFn
     limits: RolloutLimits
+    hooks: RunHooks | None = None
 
     @property
     def pad_token_id(self) -> int:
@@ -101,12 +113,13 @@ def inference(loaded: LoadedModel) -> tuple[HFPolicy, ChatCodec]:
     return policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
 
 
-def build_components(config: Config, run_dir: Path) -> Components:
+def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None) -> Components:
+    """`model_path` (a resumed run's checkpoint) overrides config.model.path."""
     quiet_hf()
     torch.set_num_threads(config.run.threads)
     seed_everything(config.run.seed)
     suite = make_suite(config)
-    path = config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
+    path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
     loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
     policy, codec = inference(loaded)
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.

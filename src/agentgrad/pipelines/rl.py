@@ -1,54 +1,178 @@
-"""Online RL step (GRPO by default): rollout groups -> score -> collate -> advantages -> clipped update.
+"""Online RL (grpo, rloo, reinforce_pp, ppo): rollout groups -> score -> collate -> values -> KL -> advantages ->
+clipped update (+ value update).
 
-Reads top to bottom like CleanRL's ppo.py; the math lives in `agentgrad.algos`.
+One step reads top to bottom like CleanRL's ppo.py (`rl_step`); the math lives in `agentgrad.algos`. The
+algorithms differ only in what `ONLINE_ALGORITHMS` records for them: the advantage estimator and whether a
+value model is trained. Everything else (KL to a frozen reference, its controller, dynamic sampling) is config.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from agentgrad.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageParams
-from agentgrad.algos.kl import kl_loss
-from agentgrad.algos.losses import ppo_clip_loss
+from agentgrad.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageParams, masked_whiten
+from agentgrad.algos.kl import KLController, kl_estimate, kl_loss, kl_reward_penalty, make_kl_controller
+from agentgrad.algos.losses import masked_mean, ppo_clip_loss, value_loss
+from agentgrad.algos.values import explained_variance
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.hf import token_logprobs
 from agentgrad.batch import TokenBatch, collate
+from agentgrad.data.filters import select_signal_groups
+from agentgrad.data.replay import ReplayBuffer
 from agentgrad.data.store import TrajectoryStore
+from agentgrad.envs.base import Env
+from agentgrad.envs.faults import FaultInjectingEnv
+from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
+from agentgrad.models.value import Critic, build_critic
 from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.faults import NonFiniteGuard, fault_metrics, mask_tool_faults
+from agentgrad.pipelines.replay import (add_fresh, build_replay, off_policy_correction, plan_step, sample_replay,
+                                        update_success_ema)
+from agentgrad.registry import Registry
 from agentgrad.rewards.base import score
 from agentgrad.rollout.loop import run_episodes
 from agentgrad.types import ScoredTrajectory, Task, TrajectoryGroup
 
 
-def rl_tasks(c: Components, step: int) -> list[Task]:
-    # A seed stream disjoint from the BC demos (seed + 1) and from evaluation (the held-out split).
-    return c.suite.sample_tasks(c.config.algo.tasks_per_step, split="train",
-                                seed=(c.config.run.seed + 1) * 1_000_003 + step)
+@dataclass(frozen=True)
+class OnlineAlgorithm:
+    """What tells the online algorithms apart; `rl_step` is the same for all of them."""
+
+    estimator: str
+    """Name in `ADVANTAGE_ESTIMATORS`."""
+    uses_critic: bool = False
+    """Train a value model (`critic` config) whose values feed the estimator."""
 
 
-def rollout_groups(c: Components, tasks: Sequence[Task], step: int) -> list[TrajectoryGroup]:
-    G = c.config.algo.group_size
-    repeated = [t for t in tasks for _ in range(G)]
-    sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=c.config.rollout.temperature,
-                              top_p=c.config.rollout.top_p, seed=c.config.run.seed * 7_919 + step)
-    trajectories = run_episodes(c.policy, c.codec, [c.suite.make_env() for _ in repeated], repeated,
-                                sampling=sampling, limits=c.limits, sample_indices=[i % G for i in range(len(repeated))],
-                                policy_version=step)
-    scored = score(trajectories, c.reward_fn, c.suite)
-    return [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
+ONLINE_ALGORITHMS: Registry[OnlineAlgorithm] = Registry("online RL algorithm")
+ONLINE_ALGORITHMS.add("grpo", OnlineAlgorithm("grpo"))  # Shao et al. 2024; Dr.GRPO with algo.norm_by_std=false
+ONLINE_ALGORITHMS.add("rloo", OnlineAlgorithm("rloo"))  # Ahmadian et al. 2024
+ONLINE_ALGORITHMS.add("reinforce_pp", OnlineAlgorithm("reinforce_pp"))  # Hu 2025
+ONLINE_ALGORITHMS.add("ppo", OnlineAlgorithm("gae", uses_critic=True))  # Schulman et al. 2017, Ziegler et al. 2019
 
 
-def compute_advantages(c: Components, batch: TokenBatch) -> TokenBatch:
+StepHook = Callable[[int, Mapping[str, float]], bool]
+"""(global step number, the step's metrics) -> True to end the stage after this step."""
+
+
+@dataclass
+class RLState:
+    """What lives across RL steps besides the policy: the frozen reference, the KL controller, the critic, the
+    replay buffer and the measured success that moves its mix, the non-finite-loss count. `state_dict` holds all
+    of it, so a resumed run continues exactly (everything else a step samples depends only on (seed, step))."""
+
+    algorithm: OnlineAlgorithm
+    reference: torch.nn.Module | None
+    kl_controller: KLController
+    critic: Critic | None
+    replay: ReplayBuffer | None = None
+    success_ema: float | None = None
+    nonfinite: NonFiniteGuard = field(default_factory=lambda: NonFiniteGuard(3))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_controller": self.kl_controller.state_dict(),
+                "critic": self.critic.state_dict() if self.critic is not None else None,
+                "reference": self.reference.state_dict() if self.reference is not None else None,
+                "replay": self.replay.state_dict() if self.replay is not None else None,
+                "success_ema": self.success_ema, "consecutive_nonfinite": self.nonfinite.consecutive}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        for target, key in ((self.critic, "critic"), (self.reference, "reference"), (self.replay, "replay")):
+            if target is not None and state[key] is not None:
+                target.load_state_dict(state[key])
+        self.success_ema = state["success_ema"]
+        self.nonfinite.consecutive = state["consecutive_nonfinite"]
+
+
+def start_rl(c: Components) -> RLState:
     algo = c.config.algo
-    estimator = ADVANTAGE_ESTIMATORS.get(algo.name)
-    out = estimator(batch.token_rewards, batch.loss_mask, batch.group_index, None,
-                    AdvantageParams(norm_by_std=algo.norm_by_std))
-    return batch.replace(advantages=out.advantages, returns=out.returns)
+    algorithm = ONLINE_ALGORITHMS.get(algo.name)
+    reference = None
+    if algo.kl_coef > 0:
+        reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
+    kl_controller = make_kl_controller(algo.kl_controller, algo.kl_coef, target=algo.kl_target,
+                                       horizon=algo.kl_horizon_episodes)
+    critic = None
+    if algorithm.uses_critic:
+        critic = build_critic(c.loaded.model, c.config.critic.model, lr=c.config.critic.lr, grad_clip=algo.grad_clip)
+    return RLState(algorithm, reference, kl_controller, critic, replay=build_replay(c.config),
+                   nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite))
+
+
+# ---- rollout ------------------------------------------------------------------------------------------------
+
+
+def rl_tasks(c: Components, step: int, round_index: int = 0, n: int | None = None) -> list[Task]:
+    # A seed stream disjoint from the BC demos (seed + 1) and from evaluation (the held-out split); resampling
+    # rounds of dynamic sampling draw further tasks from the same stream.
+    return c.suite.sample_tasks(n or c.config.algo.tasks_per_step, split="train",
+                                seed=(c.config.run.seed + 1) * 1_000_003 + step + 7_919 * round_index)
+
+
+def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: int | None = None,
+                   round_index: int = 0) -> list[TrajectoryGroup]:
+    G = group_size or c.config.algo.group_size
+    repeated = [t for t in tasks for _ in range(G)]
+    r = c.config.rollout
+    sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
+                              seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
+    trajectories = run_episodes(c.policy, c.codec, [make_env(c, step, i) for i in range(len(repeated))], repeated,
+                                sampling=sampling, limits=c.limits,
+                                sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
+    scored = score(trajectories, c.reward_fn, c.suite)
+    groups = [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
+    return mask_tool_faults(groups) if c.config.faults.mask_tool_faults else groups
+
+
+def make_env(c: Components, step: int, index: int) -> Env:
+    env = c.suite.make_env()
+    rate = c.config.faults.inject_tool_failure_rate
+    return FaultInjectingEnv(env, rate, seed=(c.config.run.seed * 1_009 + step) * 100_003 + index) if rate > 0 else env
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The groups a step trains on, and every group sampled to get them (for metrics and the store)."""
+
+    groups: tuple[TrajectoryGroup, ...]
+    sampled: tuple[TrajectoryGroup, ...]
+    rounds: int
+
+
+def collect_groups(c: Components, step: int, num_groups: int | None = None) -> Rollout:
+    """`num_groups` (default tasks_per_step) rollout groups, then apply `algo.zero_signal`: keep, filter, or
+    resample (DAPO dynamic sampling, Yu et al. 2025: draw new tasks until `num_groups` groups have signal or
+    `max_resample_rounds` extra rounds ran)."""
+    algo = c.config.algo
+    n = num_groups or algo.tasks_per_step
+    sampled = rollout_groups(c, rl_tasks(c, step, n=n), step)
+    rounds = 1
+    if algo.zero_signal == "resample":
+        while sum(not g.is_zero_signal for g in sampled) < n and rounds <= algo.max_resample_rounds:
+            sampled += rollout_groups(c, rl_tasks(c, step, rounds, n=n), step, round_index=rounds)
+            rounds += 1
+    if algo.zero_signal == "keep":
+        kept = sampled
+    else:
+        kept = select_signal_groups(sampled, n)
+    return Rollout(tuple(kept), tuple(sampled), rounds)
+
+
+def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
+    samples = [s for g in groups for s in g.samples]
+    return collate(samples, pad_token_id=c.pad_token_id,
+                   group_index=[i for i, g in enumerate(groups) for _ in g.samples])
+
+
+# ---- per-step tensors ---------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -56,33 +180,140 @@ def reference_logprobs(reference: torch.nn.Module, batch: TokenBatch, temperatur
     return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature)  # (B, T)
 
 
-def policy_update(c: Components, batch: TokenBatch) -> dict[str, float]:
-    """`epochs_per_step` passes of clipped policy-gradient updates over minibatches of episodes."""
-    algo, temperature = c.config.algo, c.config.rollout.temperature
-    totals: Counter = Counter()
-    n_updates = 0
-    if not bool((batch.advantages * batch.loss_mask).any()):
-        # Every group was zero-signal: a step would only replay Adam's momentum from earlier batches.
-        return {"train/updates": 0.0, "train/no_signal_steps": 1.0}
+def add_reference(c: Components, state: RLState, batch: TokenBatch) -> TokenBatch:
+    """Reference logprobs, and in kl_mode=reward the KL penalty folded into the token rewards."""
+    if state.reference is None:
+        return batch
+    batch = batch.replace(ref_logprobs=reference_logprobs(state.reference, batch, c.config.rollout.temperature))
+    if c.config.algo.kl_mode == "reward":
+        batch = penalise_rewards(batch, state.kl_controller.value)
+    return batch
+
+
+@torch.no_grad()
+def add_values(state: RLState, batch: TokenBatch) -> TokenBatch:
+    """The critic's values at rollout time: the estimator's V and the clipped value loss's anchor."""
+    if state.critic is None:
+        return batch
+    return batch.replace(values=state.critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask))
+
+
+def rollout_kl(batch: TokenBatch) -> torch.Tensor:
+    """Per-episode KL(behaviour || reference), summed over each episode's policy tokens (k1, as Ziegler et al.
+    2019 measure it for the controller): (B,)."""
+    kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, "k1", batch.loss_mask)  # (B, T)
+    return kl.sum(dim=1)  # (B,)
+
+
+@torch.no_grad()
+def proximal_logprobs(c: Components, batch: TokenBatch) -> torch.Tensor:
+    """The current policy's logprobs of every token before this step's update, minibatch by minibatch: (B, T)."""
+    size = c.config.algo.minibatch_size_episodes
+    out = torch.zeros_like(batch.old_logprobs)  # (B, T)
+    for start in range(0, batch.num_sequences, size):
+        rows = torch.arange(start, min(start + size, batch.num_sequences))
+        lp = c.learner.logprobs(batch.select(rows), temperature=c.config.rollout.temperature)  # (b, t)
+        out[rows, :lp.shape[1]] = lp
+    return out
+
+
+def correct_replayed(c: Components, batch: TokenBatch, num_fresh: int) -> tuple[TokenBatch, dict[str, float]]:
+    """Rows from `num_fresh` on were replayed: clip around pi_prox and weight by pi_prox / mu (pipelines.replay).
+    A batch of fresh rows only is returned as it is."""
+    if num_fresh >= batch.num_sequences:
+        return batch, {}
+    replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
+    return off_policy_correction(c.config, batch, proximal_logprobs(c, batch), replayed)
+
+
+def adapt_kl_coef(state: RLState, batch: TokenBatch) -> dict[str, float]:
+    """Feed the measured KL to the controller (a no-op for the fixed one); the next step uses the new value."""
+    if batch.ref_logprobs is None:
+        return {}
+    kl = rollout_kl(batch).mean().item()
+    state.kl_controller.update(kl, n_steps=batch.num_sequences)
+    return {"rollout/kl_ref": kl}
+
+
+def penalise_rewards(batch: TokenBatch, coef: float) -> TokenBatch:
+    kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, "k1", batch.loss_mask)  # (B, T)
+    return batch.replace(token_rewards=kl_reward_penalty(batch.token_rewards, kl, coef, batch.loss_mask))
+
+
+def compute_advantages(c: Components, batch: TokenBatch, algorithm: OnlineAlgorithm) -> TokenBatch:
+    algo = c.config.algo
+    estimator = ADVANTAGE_ESTIMATORS.get(algorithm.estimator)
+    out = estimator(batch.token_rewards, batch.loss_mask, batch.group_index, batch.values,
+                    AdvantageParams(gamma=algo.gamma, lam=algo.gae_lambda, norm_by_std=algo.norm_by_std))
+    advantages = out.advantages  # (B, T)
+    if algorithm.uses_critic and c.config.critic.whiten_advantages:
+        advantages = masked_whiten(advantages, batch.loss_mask)  # (B, T)
+    return batch.replace(advantages=advantages, returns=out.returns)
+
+
+# ---- update -------------------------------------------------------------------------------------------------
+
+
+def minibatches(c: Components, batch: TokenBatch):
+    algo = c.config.algo
     generator = torch.Generator().manual_seed(c.config.run.seed)
     for _ in range(algo.epochs_per_step):
         order = torch.randperm(batch.num_sequences, generator=generator)
         for start in range(0, batch.num_sequences, algo.minibatch_size_episodes):
-            mb = batch.select(order[start:start + algo.minibatch_size_episodes])
-            logprobs = c.learner.logprobs(mb, temperature=temperature)  # (b, T)
-            pl = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=algo.clip_low,
-                               clip_high=algo.clip_high, agg=algo.loss_agg)
-            loss = pl.loss
-            if mb.ref_logprobs is not None:
-                kl = kl_loss(logprobs, mb.ref_logprobs, mb.loss_mask, kind=algo.kl_estimator, agg=algo.loss_agg)
-                loss = loss + algo.kl_coef * kl
-                totals["loss/kl"] += kl.item()
-            totals.update(c.learner.step(loss))
-            totals.update({"loss/policy": pl.loss.item(), "loss/clipfrac": pl.clipfrac.item(),
-                           "loss/approx_kl_old": pl.approx_kl.item()})
-            n_updates += 1
-    return {k: v / n_updates for k, v in totals.items()} | {"train/updates": float(n_updates),
-                                                           "train/no_signal_steps": 0.0}
+            yield batch.select(order[start:start + algo.minibatch_size_episodes])
+
+
+def policy_loss(c: Components, mb: TokenBatch, kl_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
+    algo = c.config.algo
+    logprobs = c.learner.logprobs(mb, temperature=c.config.rollout.temperature)  # (b, T)
+    pl = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=algo.clip_low,
+                       clip_high=algo.clip_high, dual_clip=algo.dual_clip, agg=algo.loss_agg,
+                       is_weights=mb.is_weights)
+    metrics = {"loss/policy": pl.loss.item(), "loss/clipfrac": pl.clipfrac.item(),
+               "loss/approx_kl_old": pl.approx_kl.item()}
+    loss = pl.loss
+    if mb.ref_logprobs is not None and algo.kl_mode == "loss":
+        kl = kl_loss(logprobs, mb.ref_logprobs, mb.loss_mask, kind=algo.kl_estimator, agg=algo.loss_agg)
+        loss = loss + kl_coef * kl
+        metrics["loss/kl"] = kl.item()
+    return loss, metrics
+
+
+def value_update(c: Components, critic: Critic, mb: TokenBatch) -> dict[str, float]:
+    values = critic.values(mb.input_ids, mb.attention_mask, mb.loss_mask)  # (b, T)
+    vl = value_loss(values, mb.values, mb.returns, mb.loss_mask, clip=c.config.critic.value_clip,
+                    agg=c.config.algo.loss_agg)
+    return {"loss/value": vl.loss.item(), "loss/value_clipfrac": vl.clipfrac.item(), **critic.step(vl.loss)}
+
+
+def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 0) -> dict[str, float]:
+    """`epochs_per_step` passes of clipped policy-gradient updates (and value updates) over minibatches. An
+    update whose loss is not finite is skipped (parameters unchanged) and counted; `state.nonfinite` aborts
+    the run after `faults.max_consecutive_nonfinite` in a row."""
+    if state.critic is None and not bool((batch.advantages * batch.loss_mask).any()):
+        # Every group was zero-signal: a step would only replay Adam's momentum from earlier batches.
+        return {"train/updates": 0.0, "train/no_signal_steps": 1.0}
+    totals: Counter = Counter()
+    n_updates = 0
+    for mb in minibatches(c, batch):
+        loss, metrics = policy_loss(c, mb, state.kl_controller.value)
+        n_updates += 1
+        if not state.nonfinite.check(loss):
+            c.learner.optimizer.zero_grad(set_to_none=True)  # skipped: the parameters stay as they were
+            totals["faults/nonfinite_losses"] += 1
+            continue
+        totals.update(metrics)
+        totals.update(c.learner.step(loss))
+        kill_point("update", step)
+        if state.critic is not None:
+            totals.update(value_update(c, state.critic, mb))
+    out = {k: v / n_updates for k, v in totals.items()}
+    out |= {"faults/nonfinite_losses": float(totals["faults/nonfinite_losses"]),
+            "faults/nonfinite_grads": float(totals["train/skipped_steps"])}
+    return out | {"train/updates": float(n_updates), "train/no_signal_steps": 0.0}
+
+
+# ---- metrics ------------------------------------------------------------------------------------------------
 
 
 def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
@@ -103,40 +334,84 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     return out
 
 
-def rl_step(c: Components, step: int, reference: torch.nn.Module | None, store: TrajectoryStore | None) -> dict[str, float]:
+def critic_metrics(batch: TokenBatch) -> dict[str, float]:
+    if batch.values is None:
+        return {}
+    return {"critic/value_mean": masked_mean(batch.values, batch.loss_mask).item(),
+            "critic/explained_variance": explained_variance(batch.values, batch.returns, batch.loss_mask).item()}
+
+
+# ---- the step -----------------------------------------------------------------------------------------------
+
+
+def mix_replay(c: Components, state: RLState, rollout: Rollout, step: int, num_replayed: int
+               ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """The step's training groups: its fresh groups, then `num_replayed` drawn from the buffer before this
+    step's groups join it. Also moves the success EMA that schedules the mix."""
+    replayed = sample_replay(c.config, state.replay, num_replayed, step)
+    add_fresh(c.config, state.replay, rollout.sampled, step)
+    samples = [s for g in rollout.sampled for s in g.samples]
+    state.success_ema = update_success_ema(c.config, state.success_ema, sum(s.success for s in samples) / len(samples))
+    return [*rollout.groups, *replayed], {
+        "replay/fresh_groups": float(len(rollout.groups)), "replay/replayed_groups": float(len(replayed)),
+        "replay/buffer_groups": float(len(state.replay) if state.replay is not None else 0)}
+
+
+def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | None) -> dict[str, float]:
     t0 = time.perf_counter()
-    tasks = rl_tasks(c, step)
-    groups = rollout_groups(c, tasks, step)
-    samples = [s for g in groups for s in g.samples]
+    num_fresh, num_replayed = plan_step(c.config, state.replay, state.success_ema or 0.0)
+    rollout = collect_groups(c, step, num_fresh)
+    kill_point("rollout", step)
     t_rollout = time.perf_counter() - t0
-    batch = collate(samples, pad_token_id=c.pad_token_id,
-                    group_index=[i for i, g in enumerate(groups) for _ in g.samples])
-    batch = compute_advantages(c, batch)
-    if reference is not None:
-        batch = batch.replace(ref_logprobs=reference_logprobs(reference, batch, c.config.rollout.temperature))
-    metrics = policy_update(c, batch)
     if store is not None:
-        store.append(samples, step=step, stage="rl")
-    metrics |= rollout_metrics(groups)
+        store.append([s for g in rollout.sampled for s in g.samples], step=step, stage="rl",
+                     groups=[f"{step}:{i}" for i, g in enumerate(rollout.sampled) for _ in g.samples])
+    metrics = rollout_metrics(rollout.sampled) | fault_metrics(rollout.sampled) | {
+        "rollout/rounds": float(rollout.rounds), "rollout/groups_trained": float(len(rollout.groups)),
+        "train/kl_coef": state.kl_controller.value}
+    groups, replay_metrics = mix_replay(c, state, rollout, step, num_replayed)
+    metrics |= replay_metrics
+    if groups:
+        batch = make_batch(c, groups)
+        batch, correction = correct_replayed(c, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
+        metrics |= correction
+        batch = add_reference(c, state, batch)
+        batch = add_values(state, batch)
+        batch = compute_advantages(c, batch, state.algorithm)
+        metrics |= policy_update(c, batch, state, step)
+        metrics |= adapt_kl_coef(state, batch)
+        metrics |= critic_metrics(batch)
+    else:  # dynamic sampling found no group with signal
+        metrics |= {"train/updates": 0.0, "train/no_signal_steps": 1.0}
     elapsed = time.perf_counter() - t0
-    metrics |= {"perf/step_s": elapsed, "perf/rollout_s": t_rollout,
-                "perf/tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout, 1e-9)}
-    return metrics
+    return metrics | {"perf/step_s": elapsed, "perf/rollout_s": t_rollout,
+                      "perf/tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout, 1e-9)}
 
 
-def run_rl(c: Components, logger: RunLogger, store: TrajectoryStore | None = None) -> None:
+def run_rl(c: Components, logger: RunLogger, store: TrajectoryStore | None = None, *,
+           state: RLState | None = None, on_step: StepHook | None = None, first_step: int = 0) -> int:
+    """Run `algo.steps` steps of the configured online algorithm, numbered from `first_step` (task and sampling
+    seeds follow the step number, so a later stage never replays an earlier stage's tasks). Returns the steps
+    taken: fewer when `on_step(step, metrics)` (the schedule's switch condition) returned True."""
     algo = c.config.algo
     if algo.steps == 0:
-        return
-    reference = None
-    if algo.kl_coef > 0:
-        import copy
-
-        reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
+        return 0
+    state = state or start_rl(c)
+    if c.hooks is not None:
+        c.hooks.restore_rl(state)  # a resumed run: the RL state saved with its checkpoint
     c.learner.set_lr(algo.lr)
-    logger.display.start(algo.name, algo.steps)
-    for step in range(algo.steps):
-        metrics = rl_step(c, step, reference, store)
-        if (step + 1) % c.config.run.log_every == 0 or step + 1 == algo.steps:
-            logger.log(step + 1, algo.name, metrics)
-    logger.display.stop()
+    logger.display.start(algo.name, first_step + algo.steps)
+    try:
+        for i in range(algo.steps):
+            step = first_step + i
+            metrics = rl_step(c, step, state, store)
+            stop = on_step is not None and on_step(step + 1, metrics)
+            if stop or (step + 1) % c.config.run.log_every == 0 or i + 1 == algo.steps:
+                logger.log(step + 1, algo.name, metrics)
+            if c.hooks is not None:
+                c.hooks.after_rl_step(c, state, step + 1)
+            if stop:
+                return i + 1
+    finally:
+        logger.display.stop()
+    return algo.steps

@@ -1,20 +1,25 @@
-"""`agentgrad train`: BC warm-up, held-out eval, online RL, held-out eval, summary.json."""
+"""`agentgrad train`: the stages (BC warm-up, then RL/ReST/DPO, or a schedule), held-out evals, summary.json.
+
+With run.checkpoint_every > 0, run-state checkpoints (pipelines/resume.py) make a run resumable after a crash:
+`train(config, run_dir=..., resume=True)` (`agentgrad train --resume RUN_DIR`) continues from the last one.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import datetime
 from pathlib import Path
 
 from agentgrad.checkpoint import save_checkpoint
-from agentgrad.config import Config, save_config
+from agentgrad.config import Config, StageConfig, save_config
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import JsonlSink, ProgressDisplay, RunLogger
-from agentgrad.pipelines.bc import run_bc
 from agentgrad.pipelines.components import Components, build_components
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
-from agentgrad.pipelines.rl import run_rl
+from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
+from agentgrad.pipelines.schedule import ScheduleState, run_schedule, stages_of
 
 
 def make_run_dir(config: Config) -> Path:
@@ -36,31 +41,69 @@ def checkpoint(c: Components, run_dir: Path, tag: str) -> Path:
     return save_checkpoint(run_dir / "checkpoints" / tag, c.loaded.model, c.loaded.tokenizer, c.learner.optimizer)
 
 
-def train(config: Config, *, run_dir: Path | None = None) -> dict:
+def start_or_resume(config: Config, run_dir: Path, resume: bool, hooks: RunCheckpointer
+                    ) -> tuple[Components, ScheduleState]:
+    if resume and can_resume(run_dir):
+        return resume_run(config, run_dir, hooks)
+    # A fresh run, or one killed before its first checkpoint (inside its first stage): start over.
+    truncate_file(run_dir / "metrics.jsonl", 0)
+    hooks.store.truncate(0)
+    c = build_components(config, run_dir)
+    c.hooks = hooks
+    return c, ScheduleState()
+
+
+def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) -> dict:
+    """Run the stages (`schedule.stages`, or bc then `algo.name`), with held-out evals after the leading BC
+    stages and at the end. The schedule's state is kept in `schedule_state.json`."""
     run_dir = run_dir or make_run_dir(config)
-    save_config(config, run_dir / "config.yaml")
+    if not (resume and (run_dir / "config.yaml").exists()):
+        save_config(config, run_dir / "config.yaml")
     started = time.perf_counter()
     display = ProgressDisplay(enabled=config.run.progress)
+    hooks = RunCheckpointer(run_dir, TrajectoryStore(run_dir / "trajectories"), config.run.checkpoint_every)
+    c, state = start_or_resume(config, run_dir, resume, hooks)
     logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
+    stages = stages_of(config)
+    leading_bc = next((i for i, s in enumerate(stages) if s.algo != "bc"), len(stages))
+    evals: dict[str, dict] = hooks.info.setdefault("evals", {})
+    steps_by_algo: dict[str, int] = hooks.info.setdefault("steps_by_algo", {})
+
+    def report(tag: str, step: int, label: str) -> None:
+        result = held_out(c)
+        evals[tag] = result.to_dict()
+        logger.log(step, f"eval_{tag}", {"eval/success_rate": result.success_rate})
+        display.print(f"held-out success after {label}: {result.success_rate:.1%} "
+                      f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, n={result.num_tasks})")
+
+    def on_stage_end(index: int, stage: StageConfig, steps: int) -> None:
+        steps_by_algo[stage.algo] = steps_by_algo.get(stage.algo, 0) + steps
+        if stage.algo == "bc":
+            checkpoint(c, run_dir, "bc")
+        if index == leading_bc - 1:
+            report("bc", steps, "BC")
+        if config.run.checkpoint_every:
+            schedule = ScheduleState.load(hooks.schedule_path)
+            hooks.save(c, schedule.global_step, schedule)
+
     try:
-        c = build_components(config, run_dir)
-        bc_steps = run_bc(c, logger)
-        checkpoint(c, run_dir, "bc")
-        initial = held_out(c)
-        logger.log(bc_steps, "eval_bc", {"eval/success_rate": initial.success_rate})
-        display.print(f"held-out success after BC: {initial.success_rate:.1%} "
-                      f"(95% CI {initial.ci_low:.1%}-{initial.ci_high:.1%}, n={initial.num_tasks})")
-        run_rl(c, logger, TrajectoryStore(run_dir / "trajectories" / "rl.jsonl"))
+        if leading_bc == 0 and "bc" not in evals:
+            report("bc", 0, "the start")
+        state = run_schedule(c, logger, stages, store=hooks.store, state=state, state_path=hooks.schedule_path,
+                             on_stage_end=on_stage_end)
         checkpoint(c, run_dir, "final")
-        final = held_out(c)
-        logger.log(config.algo.steps, "eval_final", {"eval/success_rate": final.success_rate})
-        display.print(f"held-out success after {config.algo.name.upper()}: {final.success_rate:.1%} "
-                      f"(95% CI {final.ci_low:.1%}-{final.ci_high:.1%}, n={final.num_tasks})")
+        if leading_bc == len(stages):  # BC only: the model has not changed since the BC eval
+            evals["final"] = evals["bc"]
+        else:
+            report("final", state.global_step, "+".join(s.algo for s in stages[leading_bc:]).upper())
     finally:
         logger.close()
-    summary = {"run_dir": str(run_dir), "initial_success_rate": initial.success_rate,
-               "final_success_rate": final.success_rate, "initial_eval": initial.to_dict(),
-               "final_eval": final.to_dict(), "wall_time_s": round(time.perf_counter() - started, 1),
-               "bc_steps": bc_steps, "rl_steps": config.algo.steps, "algorithm": config.algo.name}
+    initial, final = evals["bc"], evals["final"]
+    summary = {"run_dir": str(run_dir), "initial_success_rate": initial["success_rate"],
+               "final_success_rate": final["success_rate"], "initial_eval": initial,
+               "final_eval": final, "wall_time_s": round(time.perf_counter() - started, 1),
+               "bc_steps": steps_by_algo.get("bc", 0), "rl_steps": state.global_step,
+               "algorithm": "+".join(s.algo for s in stages), "resumed": resume,
+               "stage_switches": [dataclasses.asdict(w) for w in state.switches]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -1,0 +1,124 @@
+"""`agentgrad data import | export`: offline chat logs <-> a TrajectoryStore that replay can read.
+
+Behaviour logprobs fallback: when a log has no (or mismatched) per-token logprobs, the episode is scored at
+import with a named behaviour model, `--behaviour-model`, which defaults to the policy the logs will train
+(`--model`). Logs rarely say which model wrote them; scoring with the policy at import time makes the
+replayed samples' importance weights start at 1, so the correction then measures how far the policy has moved
+since import, while the PPO clip around the current policy still bounds each update. When the logging model
+is available, pass it as `--behaviour-model`: that gives the true pi/mu weights. Scores use the run's
+`rollout.temperature`, the temperature the learner scores tokens at, so ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from agentgrad.backends.hf import token_logprobs
+from agentgrad.config import Config
+from agentgrad.data.offline import LogFormatError, encode_episode, read_log, to_chat_line
+from agentgrad.data.store import TrajectoryStore
+from agentgrad.models.hf import load_model
+from agentgrad.pipelines.components import inference, make_suite, quiet_hf
+from agentgrad.rewards.base import apply_reward, load_reward
+from agentgrad.types import RewardBreakdown, ScoredTrajectory, Task, Trajectory
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    episodes: int
+    rescored: int
+    bad_lines: int
+    masked: int
+    errors: tuple[str, ...]
+    out: str
+
+    def to_dict(self) -> dict:
+        return {"episodes": self.episodes, "rescored_with_behaviour_model": self.rescored,
+                "bad_lines": self.bad_lines, "masked": self.masked, "out": self.out,
+                "first_errors": list(self.errors[:5])}
+
+
+@torch.no_grad()
+def rescore(model: torch.nn.Module, trajs: Sequence[Trajectory], temperature: float) -> list[Trajectory]:
+    """Fill behaviour logprobs on the policy tokens from `model`, one episode at a time (no padding effects)."""
+    out = []
+    model.eval()
+    for t in trajs:
+        ids = torch.tensor([t.token_ids])  # (1, T)
+        lp = token_logprobs(model, ids, torch.ones_like(ids), temperature)[0].tolist()  # (T,)
+        out.append(Trajectory(**{**t.__dict__, "logprobs": tuple(lp[i] if m else 0.0 for i, m in enumerate(t.loss_mask))}))
+    return out
+
+
+def _default_tools(config: Config) -> tuple[list[dict], str]:
+    suite = make_suite(config)
+    env = suite.make_env()
+    _, info = env.reset(seed=0, options={"task": Task("probe", "probe", "")})
+    return info.get("tools") or [], info.get("system", "")
+
+
+def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
+                    behaviour_model_path: str | None = None) -> ImportReport:
+    quiet_hf()
+    torch.set_num_threads(config.run.threads)
+    loaded = load_model(model_path, dtype=config.model.dtype, device="cpu")
+    _, codec = inference(loaded)
+    behaviour = loaded.model if behaviour_model_path is None else load_model(behaviour_model_path).model
+    suite = make_suite(config)
+    reward_fn = load_reward(config.reward.name, suite, **config.reward.options)
+    tools, _ = _default_tools(config)
+    store = TrajectoryStore(out)
+    errors: list[str] = []
+    n = rescored = masked = 0
+    pending: list[ScoredTrajectory] = []
+
+    def flush() -> None:  # one fsync per batch, not per episode
+        store.append(pending, step=0, stage="import", groups=[f"import:{s.trajectory.task.task_id}" for s in pending],
+                     source=f"import:{log.name}")
+        pending.clear()
+
+    with log.open() as fh:
+        for parsed in read_log(fh):
+            if isinstance(parsed, LogFormatError):
+                errors.append(str(parsed))
+                continue
+            try:
+                traj, complete = encode_episode(parsed, codec, tools)
+            except LogFormatError as exc:
+                errors.append(str(exc))
+                continue
+            if not complete:
+                traj = rescore(behaviour, [traj], config.rollout.temperature)[0]
+                rescored += 1
+            if parsed.reward is not None:
+                reward = RewardBreakdown(parsed.reward, (0.0,) * len(traj.turns))
+                success = parsed.success if parsed.success is not None else parsed.reward > 0
+            else:
+                reward = apply_reward(reward_fn, traj)
+                success = suite.verify(traj.task, traj.final_answer)
+            masked += int(reward.masked)
+            pending.append(ScoredTrajectory(traj, reward, bool(success)))
+            n += 1
+            if len(pending) >= 256:
+                flush()
+    flush()
+    return ImportReport(n, rescored, len(errors), masked, tuple(errors), str(out))
+
+
+def export_chat_log(config: Config, store_dir: Path, out: Path) -> int:
+    """Write a store's trajectories as an OpenAI-format chat log (with per-turn logprobs); returns the count."""
+    tools, _ = _default_tools(config)
+    n = 0
+    with out.open("w") as fh:
+        for s in TrajectoryStore(store_dir).trajectories():
+            if s.reward.masked:
+                continue
+            fh.write(json.dumps(to_chat_line(s.trajectory, reward=s.total_reward, success=s.success, tools=tools))
+                     + "\n")
+            n += 1
+    return n

@@ -1,0 +1,99 @@
+"""Online DPO from rollouts: pairs of a successful and a failed trajectory of the same task (sampled with the
+current policy), trained with the DPO loss (Rafailov et al. 2023) against the policy frozen at stage start.
+
+Log-probabilities are taken at temperature 1 (the model's own distribution, which DPO's implicit reward is
+defined on), on policy tokens only (`batch.loss_mask`), so observations and prompts never enter the margin.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections import Counter
+from typing import Sequence
+
+import torch
+
+from agentgrad.algos.losses import dpo_loss, sequence_logprobs
+from agentgrad.backends.hf import token_logprobs
+from agentgrad.batch import TokenBatch, collate
+from agentgrad.data.filters import preference_pairs
+from agentgrad.data.store import TrajectoryStore
+from agentgrad.logging import RunLogger
+from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics
+from agentgrad.types import ScoredTrajectory
+
+
+def pair_batches(c: Components, pairs: Sequence[tuple[ScoredTrajectory, ScoredTrajectory]]
+                 ) -> tuple[TokenBatch, TokenBatch]:
+    chosen = collate([p[0] for p in pairs], pad_token_id=c.pad_token_id)
+    rejected = collate([p[1] for p in pairs], pad_token_id=c.pad_token_id)
+    return chosen, rejected
+
+
+@torch.no_grad()
+def frozen_sequence_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    return sequence_logprobs(token_logprobs(model, batch.input_ids, batch.attention_mask), batch.loss_mask)  # (N,)
+
+
+def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chosen: torch.Tensor,
+               ref_rejected: torch.Tensor, rng: random.Random) -> dict[str, float]:
+    cfg = c.config.dpo
+    totals: Counter = Counter()
+    n_updates = 0
+    for _ in range(cfg.epochs):
+        order = list(range(chosen.num_sequences))
+        rng.shuffle(order)
+        for start in range(0, len(order), cfg.batch_size_pairs):
+            rows = torch.tensor(order[start:start + cfg.batch_size_pairs])
+            w, l = chosen.select(rows), rejected.select(rows)
+            out = dpo_loss(sequence_logprobs(c.learner.logprobs(w), w.loss_mask),
+                           sequence_logprobs(c.learner.logprobs(l), l.loss_mask),
+                           ref_chosen[rows], ref_rejected[rows], beta=cfg.beta, label_smoothing=cfg.label_smoothing)
+            totals.update(c.learner.step(out.loss))
+            totals.update({"loss/dpo": out.loss.item(), "dpo/reward_margin": out.reward_margin.item(),
+                           "dpo/reward_accuracy": out.reward_accuracy.item()})
+            n_updates += 1
+    return {k: v / n_updates for k, v in totals.items()} | {"train/updates": float(n_updates)}
+
+
+def dpo_step(c: Components, step: int, reference: torch.nn.Module, rng: random.Random,
+             store: TrajectoryStore | None) -> dict[str, float]:
+    cfg = c.config.dpo
+    t0 = time.perf_counter()
+    groups = rollout_groups(c, rl_tasks(c, step, n=cfg.tasks_per_iteration), step, group_size=cfg.samples_per_task)
+    if store is not None:
+        store.append([s for g in groups for s in g.samples], step=step, stage="dpo")
+    pairs = preference_pairs(groups)
+    metrics = rollout_metrics(groups) | {"dpo/pairs": float(len(pairs))}
+    if pairs:
+        chosen, rejected = pair_batches(c, pairs)
+        ref_chosen = frozen_sequence_logprobs(reference, chosen)  # (N,)
+        ref_rejected = frozen_sequence_logprobs(reference, rejected)  # (N,)
+        metrics |= dpo_update(c, chosen, rejected, ref_chosen, ref_rejected, rng)
+    else:
+        metrics["train/updates"] = 0.0
+    return metrics | {"perf/step_s": time.perf_counter() - t0}
+
+
+def run_dpo(c: Components, logger: RunLogger, store: TrajectoryStore | None = None, *,
+            on_step: StepHook | None = None, first_step: int = 0) -> int:
+    """`dpo.iterations` rollout/train iterations; returns the iterations run (fewer if `on_step` says stop)."""
+    cfg = c.config.dpo
+    reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
+    c.learner.set_lr(cfg.lr)
+    rng = random.Random(c.config.run.seed + first_step)
+    logger.display.start("dpo", first_step + cfg.iterations)
+    try:
+        for it in range(cfg.iterations):
+            step = first_step + it
+            metrics = dpo_step(c, step, reference, rng, store)
+            stop = on_step is not None and on_step(step + 1, metrics)
+            logger.log(step + 1, "dpo", metrics)
+            if stop:
+                return it + 1
+    finally:
+        logger.display.stop()
+    return cfg.iterations

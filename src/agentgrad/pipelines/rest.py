@@ -1,0 +1,78 @@
+"""ReST (Gulcehre et al. 2023, "Reinforced Self-Training"): Grow, then Improve, repeated.
+
+Grow: sample `samples_per_task` trajectories per task with the current policy. Improve: keep the trajectories
+whose reward reaches a threshold that rises with each iteration (`data.filters.rest_threshold`) and fine-tune
+on them with the SFT loss. Our Grow sets are small and fresh each iteration (ReST^EM-like, Singh et al. 2023),
+so one Improve step follows each Grow step.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Sequence
+
+from agentgrad.algos.losses import sft_loss
+from agentgrad.batch import collate
+from agentgrad.data.filters import above_threshold, rest_threshold
+from agentgrad.data.store import TrajectoryStore
+from agentgrad.logging import RunLogger
+from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics
+from agentgrad.types import ScoredTrajectory, TrajectoryGroup
+
+
+def grow(c: Components, step: int) -> list[TrajectoryGroup]:
+    cfg = c.config.rest
+    tasks = rl_tasks(c, step, n=cfg.tasks_per_iteration)
+    return rollout_groups(c, tasks, step, group_size=cfg.samples_per_task)
+
+
+def improve(c: Components, kept: Sequence[ScoredTrajectory], rng: random.Random) -> dict[str, float]:
+    """`sft_steps` SFT steps on minibatches drawn from the kept trajectories."""
+    cfg = c.config.rest
+    if not kept or cfg.sft_steps == 0:
+        return {"train/updates": 0.0}
+    c.learner.set_lr(cfg.lr)
+    losses = []
+    for _ in range(cfg.sft_steps):
+        batch = collate(rng.sample(list(kept), min(cfg.batch_size_episodes, len(kept))), pad_token_id=c.pad_token_id)
+        loss = sft_loss(c.learner.logprobs(batch), batch.loss_mask)
+        c.learner.step(loss)
+        losses.append(loss.item())
+    return {"loss/sft": sum(losses) / len(losses), "train/updates": float(cfg.sft_steps)}
+
+
+def rest_step(c: Components, step: int, iteration: int, rng: random.Random,
+              store: TrajectoryStore | None) -> dict[str, float]:
+    cfg = c.config.rest
+    t0 = time.perf_counter()
+    groups = grow(c, step)
+    samples = [s for g in groups for s in g.samples]
+    if store is not None:
+        store.append(samples, step=step, stage="rest")
+    threshold = rest_threshold(iteration, start=cfg.threshold_start, increment=cfg.threshold_increment,
+                               maximum=cfg.threshold_max)
+    kept = above_threshold(samples, threshold)
+    metrics = rollout_metrics(groups) | improve(c, kept, rng)
+    return metrics | {"rest/threshold": threshold, "rest/kept_fraction": len(kept) / len(samples),
+                      "perf/step_s": time.perf_counter() - t0}
+
+
+def run_rest(c: Components, logger: RunLogger, store: TrajectoryStore | None = None, *,
+             on_step: StepHook | None = None, first_step: int = 0) -> int:
+    """`rest.iterations` Grow/Improve iterations; returns the iterations run (fewer if `on_step` says stop)."""
+    cfg = c.config.rest
+    rng = random.Random(c.config.run.seed + first_step)
+    logger.display.start("rest", first_step + cfg.iterations)
+    try:
+        for it in range(cfg.iterations):
+            step = first_step + it
+            metrics = rest_step(c, step, it, rng, store)
+            stop = on_step is not None and on_step(step + 1, metrics)
+            logger.log(step + 1, "rest", metrics)
+            if stop:
+                return it + 1
+    finally:
+        logger.display.stop()
+    return cfg.iterations
