@@ -62,6 +62,11 @@ class RolloutConfig(_Section):
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for training rollouts (the learner "
                                                      "scores tokens at the same temperature, so ratios stay exact).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training rollouts.")
+    tool_name_mask: Literal["auto", "on", "off"] = Field("auto", description="Constrained decoding of tool "
+                                                        "names to the env's legal_actions() (logprobs of the masked "
+                                                        "distribution, scored alike by the learner). auto: in states "
+                                                        "where the mask hides tools the prompt offers or forbids "
+                                                        "answering; on: in every state; off: never.")
 
 
 class BCConfig(_Section):

@@ -53,7 +53,7 @@ def compute_advantages(c: Components, batch: TokenBatch) -> TokenBatch:
 
 @torch.no_grad()
 def reference_logprobs(reference: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature)  # (B, T)
+    return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature, batch.logit_masks)  # (B, T)
 
 
 def policy_update(c: Components, batch: TokenBatch) -> dict[str, float]:
