@@ -35,11 +35,12 @@ def train(
     except ConfigError as exc:
         _fail(str(exc))
     from agentgrad.models.hf import ModelLoadError
+    from agentgrad.pipelines.bc import DemoLimitError
     from agentgrad.pipelines.train import train as run_train
 
     try:
         summary = run_train(config)
-    except (ModelLoadError, FileExistsError) as exc:
+    except (ModelLoadError, FileExistsError, DemoLimitError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))

@@ -1,7 +1,8 @@
 """Typed run configuration: one source of truth for defaults, validation and help text.
 
-Sources, later wins: field defaults -> a YAML preset (`configs/<name>.yaml` in the package, or a path) ->
-dotted overrides from the command line (`algo.group_size=16`). Unknown keys are errors listing valid keys.
+Sources, later wins: field defaults -> the task suite's defaults (`configs/suites/<env.name>.yaml`, when it
+ships one) -> a YAML preset (`configs/<name>.yaml` in the package, or a path) -> dotted overrides from the
+command line (`algo.group_size=16`). Unknown keys are errors listing valid keys.
 """
 
 from __future__ import annotations
@@ -222,12 +223,25 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     return data
 
 
+def suite_defaults(suite: str) -> dict[str, Any]:
+    """Values a task suite needs to differ from the field defaults (`configs/suites/<suite>.yaml`), e.g. rollout
+    limits that fit its expert demonstrations. Empty when the suite ships none."""
+    path = PRESET_DIR / "suites" / f"{suite}.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
 def build_config(preset: str | None = "tiny-cpu", overrides: Sequence[str] = (),
                  base: Mapping[str, Any] | None = None) -> Config:
-    tree: dict[str, Any] = dict(base or {})
-    if preset:
-        tree = _merge(tree, load_preset(preset))
-    tree = _merge(tree, parse_overrides(overrides))
+    """Field defaults -> the suite's defaults -> `base` -> preset -> overrides (later wins)."""
+    layers = [dict(base or {}), load_preset(preset) if preset else {}, parse_overrides(overrides)]
+    tree: dict[str, Any] = {}
+    for layer in layers:
+        tree = _merge(tree, layer)
+    env = tree.get("env")
+    suite = env.get("name") if isinstance(env, dict) else None
+    tree = _merge({}, suite_defaults(suite or EnvConfig.model_fields["name"].default))
+    for layer in layers:
+        tree = _merge(tree, layer)
     try:
         return Config.model_validate(tree)
     except ValidationError as exc:

@@ -8,7 +8,7 @@ import re
 import torch
 
 from agentgrad.backends.base import SamplingParams
-from agentgrad.backends.hf import HFPolicy, token_logprobs
+from agentgrad.backends.hf import HFPolicy, TorchLearner, token_logprobs
 from agentgrad.batch import collate
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
 from agentgrad.rollout.loop import RolloutLimits, run_episodes
@@ -76,7 +76,7 @@ def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softma
     batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id)
     with torch.no_grad():
         logits = loaded_tiny.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
-        rescored = token_logprobs(loaded_tiny.model, batch.input_ids, batch.attention_mask, 1.0, batch.logit_masks)
+        rescored = TorchLearner(loaded_tiny.model, lr=0.0).logprobs(batch, temperature=1.0)  # what PPO's ratio uses
     for b, traj in enumerate(trajs[:2]):
         assert traj.token_masks and all(m.allow for m in traj.token_masks)
         for m in traj.token_masks:
