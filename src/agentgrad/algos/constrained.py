@@ -9,6 +9,7 @@ gradient loses the -grad log pi(L) term that moves mass between legal tokens onl
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from agentgrad.batch import LogitMasks
 
@@ -36,3 +37,25 @@ def masked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, masks: Lo
     lse_rest = full + torch.log1p(-torch.exp(lse_listed - full).clamp(max=1 - 1e-6))  # (N,)
     lse_legal = torch.where(masks.allow[sets], lse_listed, lse_rest)  # (N,)
     return lp.index_put(where, lp[where] + full - lse_legal)
+
+
+def factored_tool_logprobs(category_logits: torch.Tensor, tool_logits: torch.Tensor, tool_category: torch.Tensor,
+                           legal: torch.Tensor) -> torch.Tensor:
+    """log p(tool) = log p(category) + log p(tool | category) for a two-level (hierarchical) action space.
+
+    category_logits (B, C), tool_logits (B, N), tool_category (N,) long (the category of each tool), legal (B, N)
+    bool (the env's mask). p(category) is the softmax over categories holding at least one legal tool;
+    p(tool | category) the softmax over that category's legal tools. Illegal tools get -inf. Returns (B, N).
+    """
+    C = category_logits.shape[-1]
+    # a large finite floor instead of -inf keeps logsumexp's gradient finite for categories with no legal tool
+    floor = torch.finfo(tool_logits.dtype).min / 4
+    member = F.one_hot(tool_category, C).bool()  # (N, C)
+    tool_logits = tool_logits.masked_fill(~legal, floor)  # (B, N)
+    in_cat = tool_logits[:, :, None].masked_fill(~member[None], floor)  # (B, N, C)
+    lse_cat = torch.logsumexp(in_cat, dim=1)  # (B, C)
+    legal_cat = (legal[:, :, None] & member[None]).any(dim=1)  # (B, C)
+    cat_logp = torch.log_softmax(category_logits.masked_fill(~legal_cat, float("-inf")), dim=-1)  # (B, C)
+    cond = tool_logits - lse_cat[:, tool_category]  # (B, N) log p(tool | its category)
+    joint = cat_logp[:, tool_category] + cond  # (B, N)
+    return joint.masked_fill(~legal, float("-inf"))
