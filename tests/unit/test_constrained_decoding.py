@@ -26,7 +26,8 @@ def test_masked_token_logprobs_by_hand():
     # position 0: legal {1, 2} -> 2 / (2 + 3); position 1: all but {0} -> 3 / (2 + 3); position 2: free -> 3 / 6
     expected = torch.log(torch.tensor([[2 / 5, 3 / 5, 3 / 6]]))
     torch.testing.assert_close(lp, expected)
-    torch.testing.assert_close(masked_token_logprobs(logits, targets, None), torch.log(torch.tensor([[2 / 6, 3 / 6, 3 / 6]])))
+    unmasked = torch.log(torch.tensor([[2 / 6, 3 / 6, 3 / 6]]))
+    torch.testing.assert_close(masked_token_logprobs(logits, targets, None), unmasked)
 
 
 def _traj(n: int, masks=()) -> Trajectory:
@@ -76,7 +77,8 @@ def test_header_comes_from_the_template_and_rules_follow_the_names(decoder):
 def test_deny_rule_blocks_eos_and_keeps_the_rest(decoder):
     logits = torch.zeros(len(decoder.strings))
     out = decoder.apply(logits, (decoder.eos_token_ids, False))
-    assert torch.isinf(out[list(decoder.eos_token_ids)]).all() and torch.isfinite(out).sum() == len(out) - len(decoder.eos_token_ids)
+    eos = list(decoder.eos_token_ids)
+    assert torch.isinf(out[eos]).all() and torch.isfinite(out).sum() == len(out) - len(eos)
 
 
 def test_auto_masks_only_where_the_mask_restricts_the_prompt(codec):
