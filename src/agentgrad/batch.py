@@ -9,6 +9,8 @@ Conventions (all tensors right-padded to the longest sequence, T):
   the hidden state at position t - 1, exactly as `old_logprobs[b, t]` is; position 0 is 0;
 - `token_rewards[b, t]` credits rewards at tokens: each turn's process reward on that turn's last generated
   token, the outcome reward on the last generated token of the episode.
+- `logit_masks` (only when some trajectory was sampled under constrained decoding) names, per token, the legal
+  set it was sampled from, so the learner scores it with the same masked softmax (`algos.masked_token_logprobs`).
 Turns are the maximal runs of 1s in the (unmasked) policy mask; estimators that discount per turn derive them.
 """
 
@@ -24,6 +26,22 @@ from agentgrad.types import ScoredTrajectory, Trajectory
 
 
 @dataclass(frozen=True)
+class LogitMasks:
+    """Legal token sets of constrained positions, deduplicated into a small table (a dense (B, T, V) mask would
+    not fit a 150k vocabulary)."""
+
+    index: torch.Tensor  # (B, T) long: row of `token_ids` holding token t's legal set, -1 where unconstrained
+    token_ids: torch.Tensor  # (S, K) long, -1 padded
+    allow: torch.Tensor  # (S,) bool: True = only these ids were legal; False = all ids but these
+
+    def select(self, rows: torch.Tensor | slice, width: int) -> "LogitMasks":
+        return LogitMasks(self.index[rows][:, :width], self.token_ids, self.allow)
+
+    def to(self, device: torch.device | str) -> "LogitMasks":
+        return LogitMasks(self.index.to(device), self.token_ids.to(device), self.allow.to(device))
+
+
+@dataclass(frozen=True)
 class TokenBatch:
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long, 1 on real tokens
@@ -36,6 +54,7 @@ class TokenBatch:
     ref_logprobs: torch.Tensor | None = None  # (B, T) float, frozen reference policy
     values: torch.Tensor | None = None  # (B, T) float, critic's V(input_ids[b, :t]) at the rollout, 0 off-policy
     is_weights: torch.Tensor | None = None  # (B, T) float, off-policy correction pi/mu (1 on fresh rows)
+    logit_masks: LogitMasks | None = None  # legal sets of tokens sampled under constrained decoding
 
     @property
     def num_sequences(self) -> int:
@@ -50,10 +69,12 @@ class TokenBatch:
 
     def select(self, rows: torch.Tensor | slice) -> "TokenBatch":
         """Rows of the batch (for minibatches); trims trailing all-padding columns."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "logit_masks"}
         picked = {k: (v[rows] if v is not None else None) for k, v in fields.items()}
         width = int(picked["attention_mask"].sum(dim=1).max().item()) if picked["attention_mask"].numel() else 0
-        return TokenBatch(**{k: (v[:, :width] if v is not None and v.dim() == 2 else v) for k, v in picked.items()})
+        masks = self.logit_masks.select(rows, width) if self.logit_masks is not None else None
+        return TokenBatch(**{k: (v[:, :width] if v is not None and v.dim() == 2 else v) for k, v in picked.items()},
+                          logit_masks=masks)
 
     def to(self, device: torch.device | str) -> "TokenBatch":
         return TokenBatch(**{f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
@@ -116,4 +137,21 @@ def collate(
     if groups.shape[0] != B:
         raise ValueError(f"group_index has {groups.shape[0]} entries for {B} samples")
     return TokenBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      old_logprobs=old_logprobs, token_rewards=token_rewards, group_index=groups)
+                      old_logprobs=old_logprobs, token_rewards=token_rewards, group_index=groups,
+                      logit_masks=_logit_masks(trajs, width))
+
+
+def _logit_masks(trajs: Sequence[Trajectory], width: int) -> LogitMasks | None:
+    if not any(t.token_masks for t in trajs):
+        return None
+    table: dict[tuple[tuple[int, ...], bool], int] = {}
+    index = torch.full((len(trajs), width), -1, dtype=torch.long)  # (B, T)
+    for b, traj in enumerate(trajs):
+        for m in traj.token_masks:
+            index[b, m.position] = table.setdefault((m.token_ids, m.allow), len(table))
+    K = max(len(ids) for ids, _ in table)
+    token_ids = torch.full((len(table), K), -1, dtype=torch.long)  # (S, K)
+    for (ids, _), s in table.items():
+        token_ids[s, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    allow = torch.tensor([a for (_, a) in table], dtype=torch.bool)  # (S,) in insertion order, as the rows
+    return LogitMasks(index=index, token_ids=token_ids, allow=allow)

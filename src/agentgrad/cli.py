@@ -48,11 +48,12 @@ def train(
         _fail(str(exc))
     from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
+    from agentgrad.pipelines.bc import DemoLimitError
     from agentgrad.pipelines.train import train as run_train
 
     try:
         summary = run_train(config, run_dir=resume, resume=resume is not None)
-    except (ModelLoadError, FileExistsError, NonFiniteLossError) as exc:
+    except (ModelLoadError, FileExistsError, NonFiniteLossError, DemoLimitError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))

@@ -1,7 +1,8 @@
 """Typed run configuration: one source of truth for defaults, validation and help text.
 
-Sources, later wins: field defaults -> a YAML preset (`configs/<name>.yaml` in the package, or a path) ->
-dotted overrides from the command line (`algo.group_size=16`). Unknown keys are errors listing valid keys.
+Sources, later wins: field defaults -> the task suite's defaults (`configs/suites/<env.name>.yaml`, when it
+ships one) -> a YAML preset (`configs/<name>.yaml` in the package, or a path) -> dotted overrides from the
+command line (`algo.group_size=16`). Unknown keys are errors listing valid keys.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class RolloutConfig(_Section):
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for training rollouts (the learner "
                                                      "scores tokens at the same temperature, so ratios stay exact).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training rollouts.")
+    tool_name_mask: Literal["auto", "on", "off"] = Field("auto", description="Constrained decoding of tool "
+                                                        "names to the env's legal_actions() (logprobs of the masked "
+                                                        "distribution, scored alike by the learner). auto: in states "
+                                                        "where the mask hides tools the prompt offers or forbids "
+                                                        "answering; on: in every state; off: never.")
 
 
 class BCConfig(_Section):
@@ -345,12 +351,25 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     return data
 
 
+def suite_defaults(suite: str) -> dict[str, Any]:
+    """Values a task suite needs to differ from the field defaults (`configs/suites/<suite>.yaml`), e.g. rollout
+    limits that fit its expert demonstrations. Empty when the suite ships none."""
+    path = PRESET_DIR / "suites" / f"{suite}.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
 def build_config(preset: str | None = "tiny-cpu", overrides: Sequence[str] = (),
                  base: Mapping[str, Any] | None = None) -> Config:
-    tree: dict[str, Any] = dict(base or {})
-    if preset:
-        tree = _merge(tree, load_preset(preset))
-    tree = _merge(tree, parse_overrides(overrides))
+    """Field defaults -> the suite's defaults -> `base` -> preset -> overrides (later wins)."""
+    layers = [dict(base or {}), load_preset(preset) if preset else {}, parse_overrides(overrides)]
+    tree: dict[str, Any] = {}
+    for layer in layers:
+        tree = _merge(tree, layer)
+    env = tree.get("env")
+    suite = env.get("name") if isinstance(env, dict) else None
+    tree = _merge({}, suite_defaults(suite or EnvConfig.model_fields["name"].default))
+    for layer in layers:
+        tree = _merge(tree, layer)
     try:
         return Config.model_validate(tree)
     except ValidationError as exc:

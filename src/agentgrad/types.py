@@ -101,12 +101,26 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class TokenMask:
+    """The legal next tokens when token `position` of a trajectory was sampled under constrained decoding.
+
+    `allow=True`: only `token_ids` were legal; `allow=False`: every token but `token_ids` was. The learner
+    scores such a token with the log-softmax over the same legal set, so PPO/GRPO ratios stay exact.
+    """
+
+    position: int
+    token_ids: tuple[int, ...]
+    allow: bool = True
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode, token-in/token-out.
 
     `token_ids`, `loss_mask` and `logprobs` have one entry per token of the whole episode (prompt, generated
     turns, observations). `loss_mask[i] == 1` exactly where token i was sampled by the policy; `logprobs[i]`
-    is the behaviour policy's log-probability of token i (0.0 where loss_mask is 0).
+    is the behaviour policy's log-probability of token i (0.0 where loss_mask is 0), under the legal set of
+    `token_masks` where a mask constrained that token.
     """
 
     task: Task
@@ -119,6 +133,7 @@ class Trajectory:
     messages: tuple[Message, ...] = ()
     policy_version: int = 0
     sample_index: int = 0
+    token_masks: tuple[TokenMask, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -127,6 +142,8 @@ class Trajectory:
                 f"token_ids, loss_mask, logprobs must have equal length; got {n}, "
                 f"{len(self.loss_mask)}, {len(self.logprobs)}"
             )
+        if any(not (0 < m.position < n) or not m.token_ids for m in self.token_masks):
+            raise ValueError("token_masks must name a sampled position (0 < position < len) and at least one id")
 
     @property
     def num_generated_tokens(self) -> int:

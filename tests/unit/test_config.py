@@ -44,3 +44,15 @@ def test_round_trip(tmp_path):
 def test_every_field_has_help():
     rows = describe(Config)
     assert rows and all(help_text for _, _, help_text in rows)
+
+
+def test_suite_defaults_sit_between_field_defaults_and_overrides():
+    from agentgrad.config import suite_defaults
+
+    assert suite_defaults("arithmetic") == {}
+    multi = build_config(overrides=["env=multi-tool"])
+    assert (multi.rollout.max_turns, multi.rollout.max_total_tokens) == (7, 1024)
+    assert build_config(overrides=["env=multi-tool", "rollout.max_turns=3"]).rollout.max_turns == 3
+    api = build_config(overrides=["env=api-catalog", "env.options={kinds: [single]}"])
+    assert api.env.options == {"schemas": "none", "kinds": ["single"]}  # option mappings merge
+    assert build_config().rollout.max_turns == 4  # the default run (arithmetic) is untouched

@@ -198,7 +198,7 @@ def test_every_registered_reward_builds_from_a_suite_alone(name):
     if name == "judge":  # a judge must be calibrated: with no report the factory refuses, saying how to fix it
         with pytest.raises(JudgeNotCalibratedError, match="not calibrated: no calibration report given.*calibrate"):
             factory(MinimalSuite(), base_url="http://127.0.0.1:9", model="m")
-        with pytest.raises(ValueError, match="needs `backend`, or `base_url` and `model`"):
+        with pytest.raises(ValueError, match="needs `backend`, `hf_model` .*or `base_url` and `model`"):
             factory(MinimalSuite())
         # building does not connect: a backend pointing at nothing is fine with the gate overridden
         with pytest.warns(UserWarning, match="overridden"):

@@ -1,12 +1,13 @@
 """TrajectoryStore: typed round trip, torn-write repair, truncation to a checkpoint offset, segments."""
 
+import dataclasses
 import json
 
 import pytest
 
 from agentgrad.data.store import StoreCorruptError, TrajectoryStore, from_json, to_json
 from agentgrad.rewards.testing import answer_turn, make_trajectory, tool_turn
-from agentgrad.types import RewardBreakdown, ScoredTrajectory, Task
+from agentgrad.types import RewardBreakdown, ScoredTrajectory, Task, TokenMask
 
 
 def sample(i: int, reward: float = 1.0) -> ScoredTrajectory:
@@ -20,6 +21,15 @@ def sample(i: int, reward: float = 1.0) -> ScoredTrajectory:
 def test_record_round_trip_is_exact():
     s = sample(3)
     assert from_json(json.loads(json.dumps(to_json(s)))) == s
+
+
+def test_constrained_decoding_masks_survive_the_round_trip():
+    """Replayed samples are rescored over the legal sets they were sampled from: the store must keep them."""
+    s = sample(4)
+    masks = (TokenMask(position=2, token_ids=(5, 7)), TokenMask(position=3, token_ids=(9,), allow=False))
+    s = ScoredTrajectory(dataclasses.replace(s.trajectory, token_masks=masks), s.reward, s.success)
+    back = from_json(json.loads(json.dumps(to_json(s))))
+    assert back == s and isinstance(back.trajectory.token_masks[0], TokenMask)
 
 
 def test_append_read_back_typed_with_indices_and_groups(tmp_path):

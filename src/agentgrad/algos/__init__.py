@@ -14,6 +14,7 @@ from agentgrad.algos.advantages import (
     turn_returns,
     zero_signal_groups,
 )
+from agentgrad.algos.constrained import factored_tool_logprobs, masked_token_logprobs
 from agentgrad.algos.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -49,5 +50,5 @@ __all__ = [
     "kl_estimate", "kl_loss", "kl_reward_penalty", "make_kl_controller",
     "AGGREGATIONS", "DPOLoss", "PolicyLoss", "ValueLoss", "aggregate", "dpo_loss", "entropy_bonus",
     "entropy_from_logits", "masked_mean", "ppo_clip_loss", "sequence_logprobs", "sft_loss", "value_loss",
-    "IS_LEVELS", "IS_MODES", "ISWeights", "importance_weights",
+    "IS_LEVELS", "IS_MODES", "ISWeights", "importance_weights", "masked_token_logprobs", "factored_tool_logprobs",
 ]

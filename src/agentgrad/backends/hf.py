@@ -9,8 +9,9 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from agentgrad.algos.constrained import masked_token_logprobs
 from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
-from agentgrad.batch import TokenBatch
+from agentgrad.batch import LogitMasks, TokenBatch
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -111,14 +112,17 @@ class HFPolicy:
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """log p(token t | tokens < t) for every position; position 0 gets 0. Right-padded input."""
+                   temperature: float = 1.0, logit_masks: LogitMasks | None = None) -> torch.Tensor:
+    """log p(token t | tokens < t) for every position; position 0 gets 0. Right-padded input. Tokens sampled
+    under constrained decoding (`logit_masks`) are scored over their legal set, as they were sampled."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
     logits = logits[:, :-1, :].float()  # (B, T-1, V) predicts tokens 1..T-1
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:]  # (B, T-1)
-    lp = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, T-1)
+    if logit_masks is not None:  # align with the shifted targets: position t of `lp` is token t + 1
+        logit_masks = LogitMasks(logit_masks.index[:, 1:], logit_masks.token_ids, logit_masks.allow)
+    lp = masked_token_logprobs(logits, targets, logit_masks)  # (B, T-1)
     return F.pad(lp, (1, 0))  # (B, T)
 
 
@@ -133,7 +137,8 @@ class TorchLearner:
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         self.model.train()
-        return token_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature)  # (B, T)
+        return token_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature,
+                              batch.logit_masks)  # (B, T)
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:

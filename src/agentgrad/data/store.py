@@ -24,10 +24,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from agentgrad.faults import kill_point
 from agentgrad.types import (FinalAnswer, InvalidAction, Message, RewardBreakdown, ScoredTrajectory, StopReason, Task,
-                             ToolCall, Trajectory, TrajectoryGroup, Turn)
+                             TokenMask, ToolCall, Trajectory, TrajectoryGroup, Turn)
 
-_RECORD_TYPES = {cls.__name__: cls for cls in (Task, ToolCall, FinalAnswer, InvalidAction, Message, Turn, Trajectory,
-                                               RewardBreakdown, ScoredTrajectory, TrajectoryGroup)}
+_RECORD_TYPES = {cls.__name__: cls for cls in (Task, ToolCall, FinalAnswer, InvalidAction, Message, Turn, TokenMask,
+                                               Trajectory, RewardBreakdown, ScoredTrajectory, TrajectoryGroup)}
 SEGMENT_GLOB = "segment-*.jsonl"
 
 

@@ -177,7 +177,7 @@ def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
 
 @torch.no_grad()
 def reference_logprobs(reference: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature)  # (B, T)
+    return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature, batch.logit_masks)  # (B, T)
 
 
 def add_reference(c: Components, state: RLState, batch: TokenBatch) -> TokenBatch:

@@ -13,9 +13,10 @@ from typing import Sequence
 from agentgrad.backends.base import Generation, Policy, SamplingParams
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
+from agentgrad.rollout.constrained import MaskMode, turn_processor
 from agentgrad.rollout.parser import parse_turn
-from agentgrad.types import (Action, FinalAnswer, InvalidAction, Message, StopReason, Task, ToolCall, Trajectory,
-                             Turn)
+from agentgrad.types import (Action, FinalAnswer, InvalidAction, Message, StopReason, Task, TokenMask, ToolCall,
+                             Trajectory, Turn)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class RolloutLimits:
     max_total_tokens: int = 512
     max_invalid_calls: int = 2  # the episode stops when this many invalid calls have been made
     repeated_call_limit: int = 3  # the same call (tool + arguments) this many times stops the episode
+    tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
 
 
 @dataclass
@@ -41,6 +43,8 @@ class _Episode:
     invalid_calls: int = 0
     call_counts: Counter = field(default_factory=Counter)
     stop_reason: StopReason | None = None
+    offered_tools: frozenset[str] = frozenset()  # tool names the prompt shows
+    token_masks: list[TokenMask] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -52,8 +56,9 @@ def start_episode(env: Env, task: Task, codec: ChatCodec, *, seed: int | None, s
     messages = [Message("system", info.get("system", ""))] if info.get("system") else []
     messages.append(Message("user", observation))
     ids = codec.prompt_ids(messages, info.get("tools"))
+    offered = frozenset(s.get("function", s).get("name", "") for s in info.get("tools") or ())
     return _Episode(env=env, task=task, sample_index=sample_index, token_ids=ids, loss_mask=[0] * len(ids),
-                    logprobs=[0.0] * len(ids), prompt_length=len(ids), messages=messages)
+                    logprobs=[0.0] * len(ids), prompt_length=len(ids), messages=messages, offered_tools=offered)
 
 
 def _assistant_message(text: str, actions: Sequence[Action]) -> Message:
@@ -61,11 +66,15 @@ def _assistant_message(text: str, actions: Sequence[Action]) -> Message:
     return Message("assistant", text if not calls else text.split("<tool_call>")[0].strip(), tool_calls=calls)
 
 
-def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits) -> None:
-    """Apply one generated turn to an episode: record tokens, step the env, append the observation."""
+def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
+            token_masks: Sequence[TokenMask] = ()) -> None:
+    """Apply one generated turn to an episode: record tokens, step the env, append the observation.
+    `token_masks` (positions relative to the turn) are the legal sets its tokens were sampled from."""
     start = len(ep.token_ids)
     budget = limits.max_total_tokens - start
     ids, lps = list(gen.token_ids[:budget]), list(gen.logprobs[:budget])
+    ep.token_masks += [TokenMask(start + m.position, m.token_ids, m.allow) for m in token_masks
+                       if m.position < len(ids)]
     ep.token_ids += ids
     ep.loss_mask += [1] * len(ids)
     ep.logprobs += lps
@@ -118,7 +127,7 @@ def finish_episode(ep: _Episode, policy_version: int = 0) -> Trajectory:
     return Trajectory(task=ep.task, token_ids=tuple(ep.token_ids), loss_mask=tuple(ep.loss_mask),
                       logprobs=tuple(ep.logprobs), prompt_length=ep.prompt_length, turns=tuple(ep.turns),
                       stop_reason=ep.stop_reason, messages=tuple(ep.messages), policy_version=policy_version,
-                      sample_index=ep.sample_index)
+                      sample_index=ep.sample_index, token_masks=tuple(ep.token_masks))
 
 
 def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: Sequence[Task], *,
@@ -139,9 +148,11 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         turn_sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn,
                                        temperature=sampling.temperature, top_p=sampling.top_p,
                                        seed=None if sampling.seed is None else sampling.seed + round_index)
-        generations = policy.generate([ep.token_ids for ep in active], turn_sampling)
-        for ep, gen in zip(active, generations):
-            advance(ep, gen, codec, limits)
+        masker = turn_processor(codec, limits.tool_name_mask, [ep.env.legal_actions() for ep in active],
+                                [ep.offered_tools for ep in active])
+        generations = policy.generate([ep.token_ids for ep in active], turn_sampling, masker)
+        for row, (ep, gen) in enumerate(zip(active, generations)):
+            advance(ep, gen, codec, limits, masker.token_masks(row) if masker else ())
         round_index += 1
     return [finish_episode(ep, policy_version) for ep in episodes]
 

@@ -1,0 +1,190 @@
+"""Constrained decoding of tool names: the env's action mask enforced while the policy writes a call.
+
+Inside a `<tool_call>` whose name string is still open, a token is legal only if the turn's text stays a prefix
+of `<tool_call>` + header + (a legal tool name) + `"` (anything may follow the closing quote). The header
+(`\\n{"name": "` for Qwen2.5 / Hermes) is read off the chat template, so the exact bytes are the template's.
+When the mask forbids answering (`final_answer=False`), a turn that holds no tool call may not end (eos gets
+-inf). Illegal tokens get -inf in the logits, so the sampled token's logprob is that of the masked softmax.
+
+Exact ratios: each constrained step is recorded as a `TokenMask` (the legal set, or the few illegal ids) on
+the trajectory; `collate` turns them into `TokenBatch.logit_masks` and the learner scores those tokens with
+the same masked softmax (`algos.masked_token_logprobs`).
+
+Legal sets are computed over the vocabulary's token strings (token-prefix matching against the set of name
+prefixes), looking only at tokens whose first character can continue the text, and are cached per
+(legal names, text so far). The mask of the state at the start of a turn applies to every call in that turn.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any, Literal, Sequence
+
+import torch
+
+from agentgrad.envs.base import ActionMask
+from agentgrad.rollout.chat import ChatCodec
+from agentgrad.rollout.parser import CLOSE, OPEN
+from agentgrad.types import Message, TokenMask, ToolCall
+
+MaskMode = Literal["auto", "on", "off"]
+_SENTINEL = "zqxname"
+
+# (token ids, allow): only these ids are legal (allow=True), or every id but these (allow=False)
+Rule = tuple[tuple[int, ...], bool]
+
+
+def call_header(codec: ChatCodec) -> str | None:
+    """The text the chat template writes between `<tool_call>` and the tool's name, or None if it has none."""
+    call = Message("assistant", "", tool_calls=(ToolCall(_SENTINEL, {}),))
+    text = codec.render([Message("user", "u"), call])
+    start = text.find(OPEN)
+    end = text.find(_SENTINEL, start)
+    return text[start + len(OPEN):end] if 0 <= start < end else None
+
+
+def token_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The text each token adds after a plain context. Decoding after an anchor keeps the leading space that
+    SentencePiece tokenizers drop from a token decoded alone."""
+    anchor = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    base = tokenizer.decode(anchor)
+    texts = tokenizer.batch_decode([anchor + [i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    return tuple(t[len(base):] if t.startswith(base) else "" for t in texts)
+
+
+class ToolNameDecoder:
+    """Per tokenizer: token strings, the call header, and legal next-token sets cached per text state."""
+
+    def __init__(self, codec: ChatCodec, header: str) -> None:
+        self.header = header
+        self.strings = token_strings(codec.tokenizer)
+        self.eos_token_ids = tuple(sorted(set(codec.eos_token_ids)))
+        self._by_first: dict[str, list[int]] = {}
+        for i, s in enumerate(self.strings):
+            if s:
+                self._by_first.setdefault(s[0], []).append(i)
+        self._rules: dict[tuple[frozenset[str], str], Rule | None] = {}
+        self._prefixes: dict[frozenset[str], frozenset[str]] = {}
+        self._tensors: dict[tuple[Rule, str], torch.Tensor] = {}
+
+    def rule(self, mask: ActionMask, text: str) -> Rule | None:
+        """What may follow `text` (the turn so far) under `mask`; None when nothing is constrained."""
+        start = text.rfind(OPEN)
+        if start >= 0 and text.find(CLOSE, start) < 0:
+            tail = text[start + len(OPEN):]
+            return self._name_rule(mask.tools, tail) if self._in_name(tail) else None
+        if not mask.final_answer and OPEN not in text:
+            return self.eos_token_ids, False  # answering is illegal: this turn may not end without a call
+        return None
+
+    def _in_name(self, tail: str) -> bool:
+        h = self.header
+        if len(tail) < len(h):
+            return h.startswith(tail)
+        return tail.startswith(h) and '"' not in tail[len(h):]
+
+    def _name_rule(self, names: frozenset[str], tail: str) -> Rule | None:
+        key = (names, tail)
+        if key not in self._rules:
+            self._rules[key] = self._compute(names, tail)
+        return self._rules[key]
+
+    def _compute(self, names: frozenset[str], tail: str) -> Rule | None:
+        h = self.header
+        if names not in self._prefixes:
+            self._prefixes[names] = frozenset(n[:k] for n in names for k in range(len(n) + 1))
+        prefixes = self._prefixes[names]
+        if len(tail) < len(h):
+            firsts = {h[len(tail)]}
+        else:
+            partial = tail[len(h):]
+            firsts = {n[len(partial)] for n in names if n.startswith(partial) and len(n) > len(partial)}
+            if partial in names:
+                firsts.add('"')
+
+        def legal(s: str) -> bool:
+            if len(s) <= len(h):
+                return h.startswith(s)
+            if not s.startswith(h):
+                return False
+            rest = s[len(h):]
+            quote = rest.find('"')
+            return rest in prefixes if quote < 0 else rest[:quote] in names
+
+        ids = tuple(sorted(i for c in firsts for i in self._by_first.get(c, ()) if legal(tail + self.strings[i])))
+        return (ids, True) if ids else None  # no token continues: leave the row free rather than all -inf
+
+    def apply(self, logits: torch.Tensor, rule: Rule) -> torch.Tensor:
+        ids, allow = rule
+        key = (rule, str(logits.device))
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        index = self._tensors[key]
+        if allow:
+            return torch.full_like(logits, float("-inf")).index_copy(0, index, logits[index])
+        return logits.index_fill(0, index, float("-inf"))
+
+
+class MaskedTurn:
+    """The logits processor of one `Policy.generate` call: row b is constrained by `masks[b]` (None: free).
+
+    Remembers the rule applied at each generated position of each row, for `token_masks`.
+    """
+
+    def __init__(self, decoder: ToolNameDecoder, masks: Sequence[ActionMask | None]) -> None:
+        self.decoder = decoder
+        self.masks = list(masks)
+        self._texts = [""] * len(masks)
+        self._seen = [0] * len(masks)
+        self._applied: list[dict[int, Rule]] = [{} for _ in masks]
+
+    def __call__(self, row: int, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        mask = self.masks[row]
+        if mask is None:
+            return logits
+        if len(generated) > self._seen[row]:
+            self._texts[row] += "".join(self.decoder.strings[i] if i < len(self.decoder.strings) else ""
+                                        for i in generated[self._seen[row]:])
+            self._seen[row] = len(generated)
+        rule = self.decoder.rule(mask, self._texts[row])
+        if rule is None:
+            return logits
+        self._applied[row][len(generated)] = rule
+        return self.decoder.apply(logits, rule)
+
+    def token_masks(self, row: int) -> list[TokenMask]:
+        """The rules applied to row `row`, positions relative to the start of its generation."""
+        return [TokenMask(pos, ids, allow) for pos, (ids, allow) in sorted(self._applied[row].items())]
+
+
+_DECODERS: "weakref.WeakKeyDictionary[ChatCodec, ToolNameDecoder | None]" = weakref.WeakKeyDictionary()
+
+
+def _decoder(codec: ChatCodec, mode: MaskMode) -> ToolNameDecoder | None:
+    if codec not in _DECODERS:
+        header = call_header(codec)
+        _DECODERS[codec] = ToolNameDecoder(codec, header) if header is not None else None
+        if header is None and mode == "auto":
+            warnings.warn("the chat template writes no <tool_call> blocks: tool-name masks are not enforced "
+                          "while decoding (illegal calls still get a typed 'denied' observation)", stacklevel=3)
+    if _DECODERS[codec] is None and mode == "on":
+        raise ValueError("rollout.tool_name_mask=on needs a chat template that writes <tool_call> blocks")
+    return _DECODERS[codec]
+
+
+def needs_mask(mode: MaskMode, mask: ActionMask, offered: frozenset[str]) -> bool:
+    """'on': always; 'auto': when the mask restricts what the prompt offers (or forbids answering)."""
+    if mode == "off":
+        return False
+    return mode == "on" or not mask.final_answer or mask.tools != offered
+
+
+def turn_processor(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask],
+                   offered: Sequence[frozenset[str]]) -> MaskedTurn | None:
+    """The processor for one batched turn, or None when no row needs a mask."""
+    rows = [m if needs_mask(mode, m, o) else None for m, o in zip(masks, offered)]
+    if all(r is None for r in rows):
+        return None
+    decoder = _decoder(codec, mode)
+    return MaskedTurn(decoder, rows) if decoder is not None else None

@@ -1,0 +1,94 @@
+"""Acceptance for constrained decoding with the real tiny model, the real api-catalog env and the real loop."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from agentgrad.backends.base import SamplingParams
+from agentgrad.backends.hf import HFPolicy, TorchLearner, token_logprobs
+from agentgrad.batch import collate
+from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
+from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.parser import OPEN
+
+HEADER = '\n{"name": "'
+PUBLIC = frozenset(s.name for s in catalog() if not s.auth)
+
+
+class ForceCall:
+    """Wraps a policy so every turn starts with <tool_call> (an untrained model rarely writes one); after that,
+    the loop's own mask processor decides. The forced first token is not a masked position."""
+
+    def __init__(self, policy, open_id):
+        self.policy, self.open_id = policy, open_id
+
+    def generate(self, prompts, sampling, logits_processor=None):
+        def force(row, generated, logits):
+            if not generated:
+                return torch.full_like(logits, float("-inf")).index_fill(0, torch.tensor([self.open_id]), 0.0)
+            return logits_processor(row, generated, logits) if logits_processor else logits
+        return self.policy.generate(prompts, sampling, force)
+
+    def load_weights(self, state):
+        pass
+
+
+def _legal_by_brute_force(tokenizer, generated: list[int], names: frozenset[str]) -> set[int]:
+    """Every token whose decoded text keeps the call a prefix of header + legal name + '"' + anything.
+    (Byte-level BPE on ASCII text decodes piecewise, so prefix text + token text is the decoded sequence.)"""
+    legal = set()
+    prefixes = {n[:k] for n in names for k in range(len(n) + 1)}
+    prefix = tokenizer.decode(generated, skip_special_tokens=False)
+    singles = tokenizer.batch_decode([[v] for v in range(len(tokenizer))], skip_special_tokens=False)
+    for v, single in enumerate(singles):
+        text = prefix + single
+        tail = text[text.find(OPEN) + len(OPEN):]  # the call this turn opened
+        if len(tail) <= len(HEADER):
+            ok = HEADER.startswith(tail)
+        else:
+            rest = tail[len(HEADER):]
+            ok = tail.startswith(HEADER) and (rest in prefixes if '"' not in rest
+                                               else rest.split('"', 1)[0] in names)
+        if ok:
+            legal.add(v)
+    return legal
+
+
+def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softmax(loaded_tiny, codec):
+    """Acceptance: api-catalog before login, the real tiny model, the real loop. Every sampled name is a legal
+    (public) API; every constrained token's logprob is the log-softmax over the legal set (found here by brute
+    force over the vocabulary); the learner, given the recorded masks, reproduces every sampled logprob."""
+    suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
+    tasks = suite.sample_tasks(8, split="train", seed=0)
+    policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
+    open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
+    trajs = run_episodes(ForceCall(policy, open_id), codec, [suite.make_env() for _ in tasks], tasks,
+                         sampling=SamplingParams(temperature=1.0, seed=0),
+                         limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
+    names = [re.match(re.escape(OPEN + HEADER) + r'([^"]*)"', t.turns[0].text) for t in trajs]
+    assert all(names), [t.turns[0].text for t in trajs]
+    assert {n.group(1) for n in names} <= PUBLIC
+    assert len({n.group(1) for n in names}) > 4  # an untrained model samples many different legal names
+
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id)
+    with torch.no_grad():
+        logits = loaded_tiny.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
+        rescored = TorchLearner(loaded_tiny.model, lr=0.0).logprobs(batch, temperature=1.0)  # what PPO's ratio uses
+    for b, traj in enumerate(trajs[:2]):
+        assert traj.token_masks and all(m.allow for m in traj.token_masks)
+        for m in traj.token_masks:
+            generated = list(traj.token_ids[traj.prompt_length:m.position])
+            legal = _legal_by_brute_force(loaded_tiny.tokenizer, generated, PUBLIC)
+            assert set(m.token_ids) == legal
+            ids = sorted(legal)
+            expected = torch.log_softmax(logits[b, m.position - 1, ids], -1)[ids.index(traj.token_ids[m.position])]
+            assert math.isclose(traj.logprobs[m.position], expected.item(), abs_tol=1e-5)
+    forced = torch.zeros_like(batch.loss_mask)
+    forced[torch.arange(len(trajs)), [t.prompt_length for t in trajs]] = 1  # the forced <tool_call> token
+    diff = ((rescored - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs().max().item()
+    assert diff < 1e-4
+    plain = token_logprobs(loaded_tiny.model, batch.input_ids, batch.attention_mask, 1.0)
+    assert ((plain - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs().max().item() > 0.1  # masks matter

@@ -1,0 +1,46 @@
+"""`agentgrad train env=<suite>` runs end to end on every task suite (tiny model, a few steps of each stage).
+
+This checks the wiring (suite defaults, tokenizer corpus, demonstrations that fit the limits, BC, GRPO with
+real tools, held-out eval, summary), not learning: test_train_tiny.py checks that RL improves.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentgrad.config import build_config
+from agentgrad.pipelines.train import train
+
+TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+        "model.tiny.intermediate_size=64", "model.tiny.tokenizer_corpus_episodes=50"]
+BUDGET = ["bc.steps=2", "bc.batch_size_episodes=4", "bc.num_demos=8", "bc.stop_at_success=null",
+          "algo.steps=1", "algo.tasks_per_step=2", "algo.group_size=2", "algo.epochs_per_step=1",
+          "eval.num_tasks=2", "run.progress=false", "run.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def jsonl_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("jsonl") / "tasks.jsonl"
+    rows = [{"task_id": f"mul-{i}", "prompt": f"What is {12 + i} * {31 + i}?", "answer": str((12 + i) * (31 + i)),
+             "tools": ["calculator"], "verifier": "numeric",
+             "expert": [{"name": "calculator", "arguments": {"expression": f"{12 + i} * {31 + i}"}}]}
+            for i in range(40)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("suite", ["search-qa", "sql-qa", "code", "multi-tool", "api-catalog", "jsonl"])
+def test_train_runs_on_every_suite(suite, tmp_path, jsonl_path):
+    options = {"sql-qa": f"{{cache_dir: {tmp_path}}}", "multi-tool": f"{{cache_dir: {tmp_path}}}",
+               "jsonl": f"{{path: {jsonl_path}}}"}.get(suite)
+    config = build_config(overrides=[f"env={suite}", *([f"env.options={options}"] if options else []), *TINY, *BUDGET,
+                                     f"run.output_dir={tmp_path}", "run.name=run"])
+    summary = train(config)
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert summary["bc_steps"] == 2 and summary["rl_steps"] == 1
+    stages = {json.loads(line)["stage"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
+    assert {"bc", "grpo", "eval_bc", "eval_final"} <= stages
+    assert (run_dir / "trajectories" / "rl.jsonl").stat().st_size > 0
