@@ -124,6 +124,8 @@ class AlgoConfig(_Section):
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator for the reference term.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="Loss aggregation.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    target_kl: float | None = Field(None, gt=0, description="Stop a step's remaining minibatch updates once the "
+                                    "approx. KL to the sampling policy exceeds this (None: never).")
     zero_signal: Literal["keep", "filter", "resample"] = Field(
         "keep", description="Groups whose samples all scored the same: keep them, filter them out, or resample "
                             "new tasks until tasks_per_step groups have signal (DAPO dynamic sampling).")
@@ -235,7 +237,7 @@ class RunConfig(_Section):
     name: str | None = Field(None, description="Run name; defaults to a timestamp.")
     output_dir: str = Field("runs", description="Directory under which the run directory is created.")
     seed: int = Field(0, description="Seed for tasks, model init and sampling.")
-    threads: int = Field(2, ge=1, description="torch CPU threads.")
+    threads: int = Field(1, ge=1, description="torch CPU threads (1: results do not depend on machine load).")
     log_every: int = Field(1, gt=0, description="Steps between metric records.")
     checkpoint_every: int = Field(0, ge=0, description="RL steps between resumable run-state checkpoints "
                                   "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")

@@ -53,3 +53,39 @@ def test_ppo_advantages_are_gae_then_whitened():
     raw = SimpleNamespace(config=build_config(overrides=["algo.gae_lambda=1.0", "critic.whiten_advantages=false"]))
     assert rl.compute_advantages(raw, batch, rl.ONLINE_ALGORITHMS.get("ppo")).advantages.tolist()[0] == \
         pytest.approx([0.0, 0.5, 0.2, 0.0])
+
+
+class _DriftingLearner:
+    """Each optimizer step moves every policy token's logprob down by 0.1 nat (a stand-in for a policy that
+    drifts away from the sampling policy as it trains on one batch)."""
+
+    def __init__(self):
+        self.shift = torch.zeros(())
+        self.steps = 0
+
+    def logprobs(self, batch, *, temperature=1.0):
+        return (batch.old_logprobs - self.shift).requires_grad_(True)  # (B, T)
+
+    def step(self, loss=None):
+        self.steps += 1
+        self.shift = self.shift + 0.1
+        return {"train/grad_norm": 1.0, "train/skipped_steps": 0.0}
+
+
+@pytest.mark.parametrize("target_kl,expected_updates", [(None, 4), (0.01, 2), (0.03, 3)])
+def test_target_kl_stops_the_remaining_updates_of_a_step(target_kl, expected_updates):
+    # After k updates, log r = logprobs - old_logprobs = -0.1 k, and the reported approx KL is the k3 estimate
+    # (r - 1) - log r = exp(-0.1 k) - 1 + 0.1 k:  k=0: 0,  k=1: 0.00484,  k=2: 0.01873,  k=3: 0.04082.
+    # The check runs before each of the 4 updates (4 epochs of one minibatch): target 0.01 lets k=0 and k=1
+    # through and stops at k=2 (2 updates); target 0.03 stops at k=3 (3 updates); None never stops.
+    overrides = ["algo.epochs_per_step=4", "algo.minibatch_size_episodes=64"]
+    if target_kl is not None:
+        overrides.append(f"algo.target_kl={target_kl}")
+    c = SimpleNamespace(config=build_config(overrides=overrides), learner=_DriftingLearner())
+    state = rl.RLState(algorithm=rl.ONLINE_ALGORITHMS.get("grpo"), reference=None,
+                       kl_controller=AdaptiveKLController(0.0, target=1.0, horizon=1.0), critic=None)
+    batch = _batch(ref_logprobs=None, advantages=torch.tensor([[0.0, 1.0, -1.0, 0.0]]))
+    metrics = rl.policy_update(c, batch, state)
+    assert c.learner.steps == expected_updates
+    assert metrics["train/updates"] == expected_updates
+    assert metrics["train/kl_early_stops"] == float(expected_updates < 4)

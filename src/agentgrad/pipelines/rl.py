@@ -295,8 +295,14 @@ def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 
         return {"train/updates": 0.0, "train/no_signal_steps": 1.0}
     totals: Counter = Counter()
     n_updates = 0
+    early_stops = 0
     for mb in minibatches(c, batch):
         loss, metrics = policy_loss(c, mb, state.kl_controller.value)
+        if c.config.algo.target_kl is not None and metrics["loss/approx_kl_old"] > c.config.algo.target_kl:
+            # Drifted too far from the sampling policy (CleanRL's target_kl): at low sampling temperature the
+            # remaining epochs on this batch can collapse the policy (measured: one such step, then 0% success).
+            early_stops = 1
+            break
         n_updates += 1
         if not state.nonfinite.check(loss):
             c.learner.optimizer.zero_grad(set_to_none=True)  # skipped: the parameters stay as they were
@@ -307,9 +313,9 @@ def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 
         kill_point("update", step)
         if state.critic is not None:
             totals.update(value_update(c, state.critic, mb))
-    out = {k: v / n_updates for k, v in totals.items()}
+    out = {k: v / max(1, n_updates) for k, v in totals.items()}
     out |= {"faults/nonfinite_losses": float(totals["faults/nonfinite_losses"]),
-            "faults/nonfinite_grads": float(totals["train/skipped_steps"])}
+            "faults/nonfinite_grads": float(totals["train/skipped_steps"]), "train/kl_early_stops": float(early_stops)}
     return out | {"train/updates": float(n_updates), "train/no_signal_steps": 0.0}
 
 
