@@ -29,7 +29,7 @@ TINY = [
     "model.tiny.intermediate_size=64", "model.tiny.tokenizer_corpus_episodes=50",
     "bc.steps=3", "bc.stop_at_success=null", "bc.num_demos=16", "bc.batch_size_episodes=8",
     "algo.steps=4", "algo.tasks_per_step=2", "algo.group_size=2", "algo.epochs_per_step=2",
-    "algo.minibatch_size_episodes=4", "rollout.max_new_tokens_per_turn=16", "rollout.max_turns=2",
+    "algo.minibatch_size_episodes=4", "rollout.max_new_tokens_per_turn=32", "rollout.max_turns=2",
     "eval.num_tasks=4", "run.threads=1", "run.checkpoint_every=1", "run.progress=false",
     "replay.enabled=true", "replay.offline_fraction=0.5", "faults.inject_tool_failure_rate=0.3",
     "reward.name=resume_helpers:token_parity_reward", "algo=ppo", "algo.kl_coef=0.05", "algo.kl_controller=adaptive",

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from agentgrad.config import build_config
+from agentgrad.data.store import TrajectoryStore
 from agentgrad.pipelines.train import train
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
@@ -43,4 +44,5 @@ def test_train_runs_on_every_suite(suite, tmp_path, jsonl_path):
     assert summary["bc_steps"] == 2 and summary["rl_steps"] == 1
     stages = {json.loads(line)["stage"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
     assert {"bc", "grpo", "eval_bc", "eval_final"} <= stages
-    assert (run_dir / "trajectories" / "rl.jsonl").stat().st_size > 0
+    stored = list(TrajectoryStore(run_dir / "trajectories").trajectories())
+    assert stored and all(s.trajectory.task.suite == stored[0].trajectory.task.suite for s in stored)

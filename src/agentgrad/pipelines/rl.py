@@ -298,16 +298,17 @@ def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 
     early_stops = 0
     for mb in minibatches(c, batch):
         loss, metrics = policy_loss(c, mb, state.kl_controller.value)
+        if not state.nonfinite.check(loss):
+            n_updates += 1
+            c.learner.optimizer.zero_grad(set_to_none=True)  # skipped: the parameters stay as they were
+            totals["faults/nonfinite_losses"] += 1
+            continue
         if c.config.algo.target_kl is not None and metrics["loss/approx_kl_old"] > c.config.algo.target_kl:
             # Drifted too far from the sampling policy (CleanRL's target_kl): at low sampling temperature the
             # remaining epochs on this batch can collapse the policy (measured: one such step, then 0% success).
             early_stops = 1
             break
         n_updates += 1
-        if not state.nonfinite.check(loss):
-            c.learner.optimizer.zero_grad(set_to_none=True)  # skipped: the parameters stay as they were
-            totals["faults/nonfinite_losses"] += 1
-            continue
         totals.update(metrics)
         totals.update(c.learner.step(loss))
         kill_point("update", step)
