@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(f"| suite | sampled success | zero-signal groups, outcome only | zero-signal groups, outcome + process |")
+    print("| suite | sampled success | zero-signal groups, outcome only | zero-signal groups, outcome + process |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.suites:

@@ -6,7 +6,7 @@ Environments see actions and text, never tokens or groups. They are deterministi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentgrad.registry import Registry

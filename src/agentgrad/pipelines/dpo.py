@@ -22,7 +22,7 @@ from agentgrad.data.filters import preference_pairs
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
-from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics
+from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics, run_steps
 from agentgrad.types import ScoredTrajectory
 
 
@@ -85,15 +85,5 @@ def run_dpo(c: Components, logger: RunLogger, store: TrajectoryStore | None = No
     reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
     c.learner.set_lr(cfg.lr)
     rng = random.Random(c.config.run.seed + first_step)
-    logger.display.start("dpo", first_step + cfg.iterations)
-    try:
-        for it in range(cfg.iterations):
-            step = first_step + it
-            metrics = dpo_step(c, step, reference, rng, store)
-            stop = on_step is not None and on_step(step + 1, metrics)
-            logger.log(step + 1, "dpo", metrics)
-            if stop:
-                return it + 1
-    finally:
-        logger.display.stop()
-    return cfg.iterations
+    return run_steps(logger, "dpo", cfg.iterations, lambda step: dpo_step(c, step, reference, rng, store),
+                     on_step=on_step, first_step=first_step)

@@ -18,7 +18,7 @@ from agentgrad.data.filters import above_threshold, rest_threshold
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
-from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics
+from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics, run_steps
 from agentgrad.types import ScoredTrajectory, TrajectoryGroup
 
 
@@ -64,15 +64,5 @@ def run_rest(c: Components, logger: RunLogger, store: TrajectoryStore | None = N
     """`rest.iterations` Grow/Improve iterations; returns the iterations run (fewer if `on_step` says stop)."""
     cfg = c.config.rest
     rng = random.Random(c.config.run.seed + first_step)
-    logger.display.start("rest", first_step + cfg.iterations)
-    try:
-        for it in range(cfg.iterations):
-            step = first_step + it
-            metrics = rest_step(c, step, it, rng, store)
-            stop = on_step is not None and on_step(step + 1, metrics)
-            logger.log(step + 1, "rest", metrics)
-            if stop:
-                return it + 1
-    finally:
-        logger.display.stop()
-    return cfg.iterations
+    return run_steps(logger, "rest", cfg.iterations, lambda step: rest_step(c, step, step - first_step, rng, store),
+                     on_step=on_step, first_step=first_step)

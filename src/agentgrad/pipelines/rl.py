@@ -407,18 +407,29 @@ def run_rl(c: Components, logger: RunLogger, store: TrajectoryStore | None = Non
     if c.hooks is not None:
         c.hooks.restore_rl(state)  # a resumed run: the RL state saved with its checkpoint
     c.learner.set_lr(algo.lr)
-    logger.display.start(algo.name, first_step + algo.steps)
+    after = (lambda step: c.hooks.after_rl_step(c, state, step)) if c.hooks is not None else None
+    return run_steps(logger, algo.name, algo.steps, lambda step: rl_step(c, step, state, store), on_step=on_step,
+                     first_step=first_step, log_every=c.config.run.log_every, after_step=after)
+
+
+def run_steps(logger: RunLogger, stage: str, n: int, step_fn: Callable[[int], Mapping[str, float]], *,
+              on_step: StepHook | None, first_step: int, log_every: int = 1,
+              after_step: Callable[[int], None] | None = None) -> int:
+    """The loop every iterative stage shares: steps numbered from `first_step`, metrics logged every `log_every`
+    (and on the last or stopping step), `after_step(step + 1)` (checkpoints), and an early end when
+    `on_step(step + 1, metrics)` (a schedule's switch condition) says so. Returns the steps taken."""
+    logger.display.start(stage, first_step + n)
     try:
-        for i in range(algo.steps):
+        for i in range(n):
             step = first_step + i
-            metrics = rl_step(c, step, state, store)
+            metrics = step_fn(step)
             stop = on_step is not None and on_step(step + 1, metrics)
-            if stop or (step + 1) % c.config.run.log_every == 0 or i + 1 == algo.steps:
-                logger.log(step + 1, algo.name, metrics)
-            if c.hooks is not None:
-                c.hooks.after_rl_step(c, state, step + 1)
+            if stop or (step + 1) % log_every == 0 or i + 1 == n:
+                logger.log(step + 1, stage, metrics)
+            if after_step is not None:
+                after_step(step + 1)
             if stop:
                 return i + 1
     finally:
         logger.display.stop()
-    return algo.steps
+    return n
