@@ -62,6 +62,10 @@ class RolloutConfig(_Section):
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for training rollouts (the learner "
                                                      "scores tokens at the same temperature, so ratios stay exact).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training rollouts.")
+    max_concurrent_episodes: int = Field(64, gt=0, description="Episodes in flight at once (continuous batching: "
+                                                               "a finished episode's slot goes to the next one).")
+    tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
+                                                   "in flight).")
 
 
 class BCConfig(_Section):

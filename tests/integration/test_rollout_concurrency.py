@@ -1,5 +1,5 @@
 """Concurrent tools in the continuous-batching agent loop, with the real HFPolicy engine: a slow tool in one
-episode does not hold the others back, and a fixed seed gives the same trajectories whatever the tool timing.
+episode does not hold the others back, and a fixed seed gives the same tokens whatever the tool timing.
 
 The untrained tiny model is steered by a logits processor that forces scripted tool calls, so episodes are
 multi-turn without training; forced tokens have logprob 0, free turns are sampled."""
@@ -83,27 +83,45 @@ def _run(loaded, codec, tools, n, *, forced_turns, max_turns, seed, max_new=48):
 
 @pytest.mark.slow
 def test_a_slow_tool_does_not_stall_the_other_episodes(loaded_tiny, codec):
-    tools = SleepTools(lambda tag, index: 2.0 if (tag, index) == (0, 0) else 0.0)
+    """Episode 0's first call blocks until the 7 other episodes have made all 3 of their calls (60 s at most).
+    A scheduler that waited on it (rounds, or waves that include it) would never let them finish: deadlock,
+    caught by the timeout. Timing-independent, so it holds on a loaded machine."""
+    others_finished = threading.Event()
+    lock, started = threading.Lock(), [0]
+
+    def delay(tag, index):
+        if (tag, index) == (0, 0):
+            released.append(others_finished.wait(timeout=60))
+            return 0.0
+        if tag != 0:
+            with lock:
+                started[0] += 1
+                if started[0] == 7 * 3:
+                    threading.Timer(0.2, others_finished.set).start()  # after the last call has returned
+        return 0.0
+
+    released: list[bool] = []
+    tools = SleepTools(delay)
     trajs = _run(loaded_tiny, codec, tools, 8, forced_turns=3, max_turns=3, seed=0)
     assert all(t.stop_reason is StopReason.MAX_TURNS and len(t.turns) == 3 for t in trajs)
+    assert released == [True], "the other episodes did not finish while episode 0's tool was still running"
     slow_done = next(f for tag, _, f in tools.calls if tag == 0)
-    others_done = max(f for tag, _, f in tools.calls if tag != 0)
-    # Every other episode made all three calls while episode 0's first call was still sleeping.
-    assert sum(1 for tag, _, _ in tools.calls if tag != 0) == 7 * 3
-    assert others_done < slow_done, (others_done, slow_done)
+    assert max(f for tag, _, f in tools.calls if tag != 0) <= slow_done
 
 
 @pytest.mark.slow
-def test_fixed_seed_gives_the_same_trajectories_whatever_the_tool_timing(loaded_tiny, codec):
+def test_fixed_seed_gives_the_same_tokens_whatever_the_tool_timing(loaded_tiny, codec):
     jitter = random.Random()  # deliberately unseeded: tools return in a different order each run
     runs = []
     for _ in range(2):
         tools = SleepTools(lambda tag, index: jitter.random() * 0.05)
-        runs.append(_run(loaded_tiny, codec, tools, 6, forced_turns=2, max_turns=3, seed=3, max_new=8))
-    other = _run(loaded_tiny, codec, SleepTools(lambda tag, index: 0.0), 6, forced_turns=2, max_turns=3, seed=4,
-                 max_new=8)
+        runs.append(_run(loaded_tiny, codec, tools, 6, forced_turns=2, max_turns=3, seed=3))
+    other = _run(loaded_tiny, codec, SleepTools(lambda tag, index: 0.0), 6, forced_turns=2, max_turns=3, seed=4)
     a, b = runs
-    assert all(len(t.turns) == 3 for t in a)
+    assert all(len(t.turns) >= 3 for t in a)  # two forced calls, then a sampled turn
     assert [t.token_ids for t in a] == [t.token_ids for t in b]
-    assert [t.logprobs for t in a] == [t.logprobs for t in b]
+    # Logprobs agree to float rounding: which episodes share a decode step changes the attention matmul's
+    # batch shape, and CPU kernels may then round the last bit differently (the sampled ids do not move).
+    for ta, tb in zip(a, b):
+        assert max(abs(x - y) for x, y in zip(ta.logprobs, tb.logprobs)) < 1e-5
     assert [t.token_ids for t in a] != [t.token_ids for t in other]  # the free third turn is really sampled

@@ -75,9 +75,20 @@ class SlotCache:
 LEAN_MODEL_TYPES = frozenset({"qwen2", "llama"})
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+# CPU GEMM kernels give a row the same bits whatever the other rows are only from ~7 rows up (measured with
+# MKL/oneDNN, torch 2.13: M=1..6 take gemv/small-M paths that round differently). Padding every matmul to at least
+# this many rows makes a sequence's logits independent of which sequences share its step, so a fixed seed
+# reproduces rollouts bit for bit whatever the tool timing. (Attention is per row and was measured invariant.)
+MIN_GEMM_ROWS = 8
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear over the last dim, padded to MIN_GEMM_ROWS rows so each row's result is batch-invariant."""
+    flat = x.reshape(-1, x.shape[-1])
+    m = flat.shape[0]
+    if m < MIN_GEMM_ROWS:
+        flat = torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - m, flat.shape[1])])
+    return torch.nn.functional.linear(flat, weight, bias)[:m].view(*x.shape[:-1], weight.shape[0])
 
 
 class LeanDecoder:
@@ -147,7 +158,7 @@ class LeanDecoder:
         half = d // 2
         for li, (n1, qkv_w, qkv_b, o_w, o_b, n2, gate_up, down_w, down_b) in enumerate(self.layers):
             h = F.rms_norm(x, (H,), n1, self.eps)
-            qkv = F.linear(h, qkv_w, qkv_b).view(B, q, nh + 2 * kvh, d)  # (B, q, heads, d)
+            qkv = linear_rows(h, qkv_w, qkv_b).view(B, q, nh + 2 * kvh, d)  # (B, q, heads, d)
             qk = qkv[:, :, : nh + kvh]
             x1, x2 = qk[..., :half], qk[..., half:]
             qk = qk * cos + torch.cat((-x2, x1), dim=-1) * sin  # RoPE on queries and keys at once
@@ -162,10 +173,10 @@ class LeanDecoder:
             scores = (qg @ K.transpose(-1, -2)).view(B, kvh, g, q, L) + bias
             attn = scores.softmax(-1).view(B, kvh, g * q, L) @ V  # (B, kvh, g*q, d)
             attn = attn.view(B, nh, q, d).transpose(1, 2).reshape(B, q, nh * d)
-            x = x + F.linear(attn, o_w, o_b)
+            x = x + linear_rows(attn, o_w, o_b)
             h = F.rms_norm(x, (H,), n2, self.eps)
-            gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, down_w, down_b)
+            gate, up = linear_rows(h, gate_up).chunk(2, dim=-1)
+            x = x + linear_rows(F.silu(gate) * up, down_w, down_b)
         return F.rms_norm(x, (H,), self.body.norm.weight, self.eps)
 
 
@@ -307,6 +318,11 @@ class HFSession:
             self._prefix_k = [layer[slots[0], :, : len(prefix)].clone() for layer in self.cache.k]
             self._prefix_v = [layer[slots[0], :, : len(prefix)].clone() for layer in self.cache.v]
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None and isinstance(self.head, torch.nn.Linear):
+            return linear_rows(hidden, self.head.weight, self.head.bias).float()  # (R, V)
+        return self.head(hidden).float()
+
     def _prefill(self) -> list[tuple[Hashable, Generation]]:
         slots = sorted(self._queued)
         seqs = [self._queued.pop(s) for s in slots]
@@ -324,7 +340,7 @@ class HFSession:
         last = hidden[torch.arange(len(compute), device=self.device), lens - 1]  # (R, H)
         self.length[rows] += lens
         self._remember_prefix(c_slots, [p for p in new_prompts if p])
-        logits = self.head(last).float()  # (R, V)
+        logits = self._logits(last)  # (R, V)
         if duplicates:
             where = {r: i for i, r in enumerate(compute)}
             for dup, src in duplicates.items():
@@ -356,7 +372,7 @@ class HFSession:
         if idx is not None:
             hidden = hidden[idx]
         self.length[active] += 1
-        return self._sample_and_record(self.head(hidden).float(), active)
+        return self._sample_and_record(self._logits(hidden), active)
 
     # ---- sampling ------------------------------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ class RolloutLimits:
     max_total_tokens: int = 512
     max_invalid_calls: int = 2  # the episode stops when this many invalid calls have been made
     repeated_call_limit: int = 3  # the same call (tool + arguments) this many times stops the episode
+    max_concurrent_episodes: int = 64  # episodes in flight at once (not a per-episode limit: a sampler setting)
+    tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
 
 
 @dataclass
@@ -159,12 +161,13 @@ def _turn_budget(ep: _Episode, limits: RolloutLimits) -> int:
 def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: Sequence[Task], *,
                  sampling: SamplingParams, limits: RolloutLimits, seeds: Sequence[int | None] | None = None,
                  sample_indices: Sequence[int] | None = None, policy_version: int = 0,
-                 logits_processor: LogitsProcessor | None = None, max_concurrent: int = 64,
+                 logits_processor: LogitsProcessor | None = None, max_concurrent: int | None = None,
                  tool_workers: int | None = None) -> list[Trajectory]:
     """Run one episode per (env, task) pair and return their trajectories in input order.
 
-    Up to `max_concurrent` episodes are in flight; their tool calls run concurrently on a thread pool of
-    `tool_workers` (default: one per episode in flight). With a `SessionPolicy` (e.g. HFPolicy) generation is
+    Up to `max_concurrent` episodes (default `limits.max_concurrent_episodes`) are in flight; their tool calls
+    run concurrently on a thread pool of `tool_workers` threads (default `limits.tool_workers`, 0 meaning one per
+    episode in flight). With a `SessionPolicy` (e.g. HFPolicy) generation is
     continuously batched: an episode rejoins the decode batch as soon as its observation arrives, its KV cache
     kept from the previous turn, so one slow tool never holds the others back. Other policies are stepped in
     rounds through `generate`. `logits_processor` gets the episode's index in `envs` as its row and the ids of
@@ -181,8 +184,9 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         if ep.prompt_length >= limits.max_total_tokens:
             ep.stop_reason = StopReason.MAX_TOKENS
     live = [i for i, ep in enumerate(episodes) if not ep.done]
+    max_concurrent = max_concurrent or limits.max_concurrent_episodes
     if live:
-        workers = tool_workers or max(1, min(max_concurrent, len(live)))
+        workers = tool_workers or limits.tool_workers or max(1, min(max_concurrent, len(live)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentgrad-tool") as pool:
             if isinstance(policy, SessionPolicy):
                 _run_continuous(policy, codec, episodes, live, pool, sampling, limits, logits_processor,
@@ -227,6 +231,7 @@ def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Epi
                         in_tools[pool.submit(run_actions, episodes[i], actions, limits)] = i
                 ready = [f for f in in_tools if f.done()]
             else:  # nothing to decode: sleep until a tool returns
+                assert in_tools, "an episode in flight is neither generating nor waiting on a tool"
                 ready = list(wait(in_tools, return_when=FIRST_COMPLETED).done)
             for f in sorted(ready, key=in_tools.__getitem__):
                 i = in_tools.pop(f)
