@@ -113,11 +113,14 @@ def trl_steps(model_dir: Path, steps: int, threads: int) -> list[float]:
         trainer = GRPOTrainer(model=model, reward_funcs=correct, args=args, train_dataset=data,
                               processing_class=tokenizer, environment_factory=CalculatorEnv)
         torch.set_num_threads(threads)
-        marks.append(time.perf_counter())
+        t0 = time.perf_counter()
         trainer.train()
+        total = time.perf_counter() - t0
     per_step = EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH)
-    cycles = [marks[i + per_step] - marks[i] for i in range(0, len(marks) - per_step, per_step)]
-    return cycles  # TRL compiles nothing, so its first step needs no warm-up (and each step costs minutes here)
+    if len(marks) != steps * per_step:
+        raise RuntimeError(f"TRL made {len(marks)} optimizer steps, expected {steps * per_step}")
+    # TRL compiles nothing, so its first step needs no warm-up (and each step costs minutes here).
+    return [total / steps] * steps
 
 
 def main() -> None:

@@ -44,11 +44,12 @@ class SlotCache:
     def capacity(self) -> int:
         return self.k[0].shape[2]
 
-    def grow(self, capacity: int) -> None:
-        """Make room for `capacity` positions per slot (doubling, so growth is rare)."""
+    def grow(self, capacity: int, limit: int | None = None) -> None:
+        """Make room for `capacity` positions per slot: doubling, so growth is rare, but not past `limit` (the
+        session's token budget) unless `capacity` itself is larger (padded prefill rows can reach past it)."""
         if capacity <= self.capacity:
             return
-        new = max(capacity, 2 * self.capacity)
+        new = max(capacity, min(2 * self.capacity, limit or 2 * self.capacity))
         for buf in (self.k, self.v):
             for i, t in enumerate(buf):
                 grown = t.new_zeros((t.shape[0], t.shape[1], new, t.shape[3]))
@@ -203,7 +204,7 @@ class HFSession:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
         self.body, self.head = _model_parts(model)
         self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
-        self.pad_token_id, self.cache_kw = pad_token_id, cache_kw
+        self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         cfg = model.config
@@ -271,7 +272,7 @@ class HFSession:
     def _hidden(self, input_ids: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """Run the decoder over new ids (B, q) written at `write_pos` (B, q) of slots `rows`; (B, q, H) out."""
         cache = self.cache
-        cache.grow(int(write_pos.max()) + 1)
+        cache.grow(int(write_pos.max()) + 1, self.max_tokens + 1)
         cache.rows, cache.write_pos = rows, write_pos
         cache.kv_len = int(write_pos.max()) + 1
         if self.lean is not None:
