@@ -44,8 +44,9 @@ def model_flops_per_token(model, batch) -> float:
 
 
 def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> tuple[float, float]:
-    """(real tokens/s, padded tokens/s) of clipped-loss updates over the batch."""
+    """(real tokens/s, computed tokens/s, padding included) of clipped-loss updates over the batch."""
     from agentgrad.algos.losses import ppo_clip_loss
+    from agentgrad.backends.hf import length_buckets
 
     real = padded = 0
     t0 = time.perf_counter()
@@ -56,8 +57,9 @@ def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> 
             loss = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=0.2,
                                  clip_high=0.28, agg="token-mean").loss
             learner.step(loss)
-            real += int(mb.attention_mask.sum())
-            padded += mb.attention_mask.numel()
+            lengths = mb.attention_mask.sum(1)
+            real += int(lengths.sum())
+            padded += sum(len(rows) * int(lengths[rows].max()) for rows in length_buckets(lengths, learner.max_buckets))
     dt = time.perf_counter() - t0
     return real / dt, padded / dt
 
@@ -67,6 +69,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--buckets", type=int, default=4, help="TorchLearner.max_buckets (1: one padded forward)")
     args = ap.parse_args()
 
     from agentgrad.backends.base import SamplingParams
@@ -98,7 +101,7 @@ def main() -> None:
             torch.manual_seed(0)
             model = build_tiny_model(loaded.tokenizer, hidden_size=width, num_layers=4, num_heads=8,
                                      num_kv_heads=4, intermediate_size=3 * width)
-        learner = TorchLearner(model, lr=1e-5)
+        learner = TorchLearner(model, lr=1e-5, max_buckets=args.buckets)
         per_token = model_flops_per_token(model, batch)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         for threads in args.threads:
@@ -110,7 +113,7 @@ def main() -> None:
             rows.append((str(width), f"{params:.2f}M", str(threads), f"{peak / 1e9:.1f}", f"{real:.0f}",
                          f"{real / padded:.0%}", f"{real * per_token / 1e9:.2f}", f"{real * per_token / peak:.1%}"))
     print(f"\nGRPO update on {batch.num_sequences} episodes ({int(batch.attention_mask.sum())} real tokens, "
-          f"{batch.attention_mask.numel()} with padding), minibatch 64")
+          f"{batch.attention_mask.numel()} padded to one width), minibatch 64, length buckets <= {args.buckets}")
     print(table(rows, ("width", "params", "threads", "matmul GFLOP/s", "train tok/s", "real/padded",
                        "model GFLOP/s", "fraction of matmul (target >= 50%)")))
 
