@@ -68,6 +68,10 @@ class RolloutConfig(_Section):
                                                         "distribution, scored alike by the learner). auto: in states "
                                                         "where the mask hides tools the prompt offers or forbids "
                                                         "answering; on: in every state; off: never.")
+    max_concurrent_episodes: int = Field(64, gt=0, description="Episodes in flight at once (continuous batching: "
+                                                               "a finished episode's slot goes to the next one).")
+    tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
+                                                   "in flight).")
 
 
 class BCConfig(_Section):

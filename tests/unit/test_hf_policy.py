@@ -61,3 +61,25 @@ def test_logits_processor_mask_is_respected_and_logprobs_are_of_the_masked_distr
         assert set(g.token_ids) <= set(legal.tolist())
         first = g.token_ids[0]
         assert math.isclose(g.logprobs[0], expected[legal.tolist().index(first)].item(), abs_tol=1e-5)
+
+
+def test_length_bucketed_learner_logprobs_equal_one_padded_forward(loaded_tiny):
+    """Rows of very different lengths: the bucketed forward gives the same per-token logprobs (and zeros on
+    padding) as one right-padded forward, and gradients flow through every bucket."""
+    from agentgrad.backends.hf import TorchLearner, length_buckets
+
+    lengths = [3, 40, 5, 38, 4, 41, 6, 39] * 2
+    trajs = [Trajectory(task=Task("t", "p", "a"), token_ids=tuple(range(5, 5 + n)), loss_mask=(1,) * n,
+                        logprobs=(0.0,) * n, prompt_length=0, turns=(), stop_reason=StopReason.MAX_TOKENS)
+             for n in lengths]
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id)
+    assert len(length_buckets(batch.attention_mask.sum(1), 4)) == 2  # 16 rows: at least 8 per forward
+    learner = TorchLearner(loaded_tiny.model, lr=0.0)
+    bucketed = learner.logprobs(batch)
+    with torch.no_grad():
+        single = token_logprobs(loaded_tiny.model, batch.input_ids, batch.attention_mask)
+    assert torch.allclose(bucketed.detach() * batch.attention_mask, single * batch.attention_mask, atol=1e-5)
+    (bucketed * batch.loss_mask).sum().backward()
+    assert all(p.grad is not None for p in loaded_tiny.model.parameters() if p.requires_grad)
+    loaded_tiny.model.zero_grad(set_to_none=True)
+    loaded_tiny.model.eval()

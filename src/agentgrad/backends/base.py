@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ContextManager, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -41,6 +41,35 @@ class Policy(Protocol):
                  logits_processor: LogitsProcessor | None = None) -> list[Generation]: ...
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
+class DecodeSession(Protocol):
+    """Incremental generation over keyed sequences that live across turns (continuous batching).
+
+    `submit` appends ids to sequence `key`'s context (its prompt the first time, later the observation after the
+    turn it generated) and queues one more turn of at most `max_new_tokens`; `step` advances every queued or
+    generating sequence by one token and returns the turns that finished; `release` frees the sequence.
+    A sequence's context is never re-encoded: the backend keeps its KV cache between turns.
+    Sampling randomness is keyed by (seed, key, position), so results do not depend on which sequences share
+    a step; the logits processor is called with `key` as its row index and the ids of the current turn.
+    """
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def submit(self, key: Hashable, new_ids: Sequence[int], max_new_tokens: int) -> None: ...
+
+    def step(self) -> list[tuple[Hashable, Generation]]: ...
+
+    def release(self, key: Hashable) -> None: ...
+
+
+@runtime_checkable
+class SessionPolicy(Policy, Protocol):
+    """A Policy that can also decode incrementally. Backends without it still work through `generate`."""
+
+    def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
+                max_sequences: int, max_tokens: int) -> ContextManager[DecodeSession]: ...
 
 
 @runtime_checkable

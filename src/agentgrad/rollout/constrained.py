@@ -153,6 +153,10 @@ class MaskedTurn:
         self._applied[row][len(generated)] = rule
         return self.decoder.apply(logits, rule)
 
+    def start_turn(self, row: int, mask: ActionMask | None) -> None:
+        """Row `row` begins a new turn under `mask` (None: free): positions count from the turn's start again."""
+        self.masks[row], self._texts[row], self._seen[row], self._applied[row] = mask, "", 0, {}
+
     def token_masks(self, row: int) -> list[TokenMask]:
         """The rules applied to row `row`, positions relative to the start of its generation."""
         return [TokenMask(pos, ids, allow) for pos, (ids, allow) in sorted(self._applied[row].items())]
@@ -188,3 +192,33 @@ def turn_processor(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask]
         return None
     decoder = _decoder(codec, mode)
     return MaskedTurn(decoder, rows) if decoder is not None else None
+
+
+class EpisodeMasks:
+    """The logits processor of a whole rollout (row = episode index), for engines where episodes start their
+    turns at different times: each turn begins with `start_turn(row, env.legal_actions())`, so a mask that
+    changes with the state (e.g. after `auth.login`) applies from the next turn on."""
+
+    def __init__(self, decoder: ToolNameDecoder, mode: MaskMode, offered: Sequence[frozenset[str]]) -> None:
+        self.mode, self.offered = mode, list(offered)
+        self.turn = MaskedTurn(decoder, [None] * len(offered))
+
+    def start_turn(self, row: int, mask: ActionMask) -> None:
+        self.turn.start_turn(row, mask if needs_mask(self.mode, mask, self.offered[row]) else None)
+
+    def __call__(self, row: int, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        return self.turn(row, generated, logits)
+
+    def token_masks(self, row: int) -> list[TokenMask]:
+        return self.turn.token_masks(row)
+
+
+def episode_masks(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask],
+                  offered: Sequence[frozenset[str]]) -> EpisodeMasks | None:
+    """The masker for a rollout, or None when no episode needs one in its first state. Deciding once keeps the
+    per-token processor off the fast path of unconstrained rollouts; an env whose first state is unrestricted
+    but a later one is not should use `rollout.tool_name_mask=on`."""
+    if not any(needs_mask(mode, m, o) for m, o in zip(masks, offered)):
+        return None
+    decoder = _decoder(codec, mode)
+    return EpisodeMasks(decoder, mode, offered) if decoder is not None else None

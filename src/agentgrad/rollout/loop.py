@@ -1,19 +1,23 @@
 """The agent loop: multi-turn, token-in/token-out episodes for a batch of environments at once.
 
-Every episode advances one policy turn per round: generate until end-of-turn, parse, step the env, append the
-observation's ids with loss_mask 0, repeat. Malformed calls become error observations and are counted.
+Each episode repeats: generate until end-of-turn (`begin_turn` records and parses it), step the env with its
+actions (`run_actions`, on a tool thread), append the observation's ids with loss_mask 0 (`end_turn`).
+Malformed calls become error observations and are counted. Episodes do not wait for each other: with an
+incremental policy an episode rejoins generation as soon as its own tools have answered.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import dataclasses
+from collections import Counter, deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from agentgrad.backends.base import Generation, Policy, SamplingParams
+from agentgrad.backends.base import Generation, LogitsProcessor, Policy, SamplingParams, SessionPolicy
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
-from agentgrad.rollout.constrained import MaskMode, turn_processor
+from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
 from agentgrad.rollout.parser import parse_turn
 from agentgrad.types import (Action, FinalAnswer, InvalidAction, Message, StopReason, Task, TokenMask, ToolCall,
                              Trajectory, Turn)
@@ -26,6 +30,8 @@ class RolloutLimits:
     max_total_tokens: int = 512
     max_invalid_calls: int = 2  # the episode stops when this many invalid calls have been made
     repeated_call_limit: int = 3  # the same call (tool + arguments) this many times stops the episode
+    max_concurrent_episodes: int = 64  # episodes in flight at once (not a per-episode limit: a sampler setting)
+    tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
 
 
@@ -43,6 +49,9 @@ class _Episode:
     invalid_calls: int = 0
     call_counts: Counter = field(default_factory=Counter)
     stop_reason: StopReason | None = None
+    turn_text: str = ""  # the turn in flight, between begin_turn and end_turn
+    turn_start: int = 0
+    observations: list[Message] = field(default_factory=list)
     offered_tools: frozenset[str] = frozenset()  # tool names the prompt shows
     token_masks: list[TokenMask] = field(default_factory=list)
 
@@ -66,10 +75,12 @@ def _assistant_message(text: str, actions: Sequence[Action]) -> Message:
     return Message("assistant", text if not calls else text.split("<tool_call>")[0].strip(), tool_calls=calls)
 
 
-def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
-            token_masks: Sequence[TokenMask] = ()) -> None:
-    """Apply one generated turn to an episode: record tokens, step the env, append the observation.
-    `token_masks` (positions relative to the turn) are the legal sets its tokens were sampled from."""
+def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
+               token_masks: Sequence[TokenMask] = ()) -> list[Action]:
+    """Record a generated turn's tokens and parse it. Returns the actions to step (none if the episode ended).
+    `token_masks` (positions relative to the turn) are the legal sets its tokens were sampled from.
+
+    Runs on the rollout thread: it uses the tokenizer, which is not safe to share between threads."""
     start = len(ep.token_ids)
     budget = limits.max_total_tokens - start
     ids, lps = list(gen.token_ids[:budget]), list(gen.logprobs[:budget])
@@ -79,14 +90,21 @@ def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimi
     ep.loss_mask += [1] * len(ids)
     ep.logprobs += lps
     text = codec.decode(ids)
+    ep.turn_text, ep.turn_start = text, start
     if gen.finish_reason != "stop" or len(ids) < len(gen.token_ids):
         ep.turns.append(Turn(start, len(ep.token_ids), text, InvalidAction(text, "turn cut off by a token limit"),
                              None))
         ep.stop_reason = StopReason.MAX_TOKENS
-        return
+        return []
     actions = parse_turn(text)
     ep.messages.append(_assistant_message(text, actions))
-    observations: list[Message] = []
+    return actions
+
+
+def run_actions(ep: _Episode, actions: Sequence[Action], limits: RolloutLimits) -> None:
+    """Step the env with a turn's actions (the tool calls). Touches only this episode: safe in a worker thread."""
+    start, text = ep.turn_start, ep.turn_text
+    ep.observations = []
     for action in actions:
         obs, reward, terminated, truncated, info = ep.env.step(action)
         bad = isinstance(action, InvalidAction) or info.get("tool_error") is not None
@@ -100,10 +118,16 @@ def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimi
         if terminated or truncated:
             ep.stop_reason = StopReason.ENV_TERMINATED
             return
-        observations.append(Message("tool", obs))
+        ep.observations.append(Message("tool", obs))
         ep.invalid_calls += int(bad)
         if isinstance(action, ToolCall):
             ep.call_counts[action.key()] += 1
+
+
+def end_turn(ep: _Episode, codec: ChatCodec, limits: RolloutLimits) -> list[int]:
+    """Apply the episode limits, then append the observation. Returns the appended ids ([] if it ended)."""
+    if ep.done:
+        return []
     if ep.invalid_calls >= limits.max_invalid_calls > 0:
         ep.stop_reason = StopReason.INVALID_CALLS
     elif limits.repeated_call_limit > 0 and max(ep.call_counts.values(), default=0) >= limits.repeated_call_limit:
@@ -111,15 +135,24 @@ def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimi
     elif len(ep.turns) >= limits.max_turns:
         ep.stop_reason = StopReason.MAX_TURNS
     if ep.done:
-        return
-    obs_ids = codec.observation_ids(observations)
+        return []
+    obs_ids = codec.observation_ids(ep.observations)
     if len(ep.token_ids) + len(obs_ids) >= limits.max_total_tokens:
         ep.stop_reason = StopReason.MAX_TOKENS
-        return
-    ep.messages.extend(observations)
+        return []
+    ep.messages.extend(ep.observations)
     ep.token_ids += obs_ids
     ep.loss_mask += [0] * len(obs_ids)
     ep.logprobs += [0.0] * len(obs_ids)
+    return obs_ids
+
+
+def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits) -> None:
+    """Apply one generated turn to an episode: record tokens, step the env, append the observation."""
+    actions = begin_turn(ep, gen, codec, limits)
+    if not ep.done:
+        run_actions(ep, actions, limits)
+        end_turn(ep, codec, limits)
 
 
 def finish_episode(ep: _Episode, policy_version: int = 0) -> Trajectory:
@@ -130,10 +163,26 @@ def finish_episode(ep: _Episode, policy_version: int = 0) -> Trajectory:
                       sample_index=ep.sample_index, token_masks=tuple(ep.token_masks))
 
 
+def _turn_budget(ep: _Episode, limits: RolloutLimits) -> int:
+    return min(limits.max_new_tokens_per_turn, limits.max_total_tokens - len(ep.token_ids))
+
+
 def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: Sequence[Task], *,
                  sampling: SamplingParams, limits: RolloutLimits, seeds: Sequence[int | None] | None = None,
-                 sample_indices: Sequence[int] | None = None, policy_version: int = 0) -> list[Trajectory]:
-    """Run one episode per (env, task) pair, all turns batched through the policy together."""
+                 sample_indices: Sequence[int] | None = None, policy_version: int = 0,
+                 logits_processor: LogitsProcessor | None = None, max_concurrent: int | None = None,
+                 tool_workers: int | None = None) -> list[Trajectory]:
+    """Run one episode per (env, task) pair and return their trajectories in input order.
+
+    Up to `max_concurrent` episodes (default `limits.max_concurrent_episodes`) are in flight; their tool calls
+    run concurrently on a thread pool of `tool_workers` threads (default `limits.tool_workers`, 0 meaning one per
+    episode in flight). With a `SessionPolicy` (e.g. HFPolicy) generation is
+    continuously batched: an episode rejoins the decode batch as soon as its observation arrives, its KV cache
+    kept from the previous turn, so one slow tool never holds the others back. Other policies are stepped in
+    rounds through `generate`. `logits_processor` gets the episode's index in `envs` as its row and the ids of
+    the current turn. With `sampling.seed` set, the tokens do not depend on thread timing: each episode's
+    randomness is keyed by (seed, episode index, token position).
+    """
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks")
     seeds = seeds or [None] * len(tasks)
@@ -143,18 +192,115 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
     for ep in episodes:
         if ep.prompt_length >= limits.max_total_tokens:
             ep.stop_reason = StopReason.MAX_TOKENS
-    round_index = 0
-    while active := [ep for ep in episodes if not ep.done]:
-        turn_sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn,
-                                       temperature=sampling.temperature, top_p=sampling.top_p,
-                                       seed=None if sampling.seed is None else sampling.seed + round_index)
-        masker = turn_processor(codec, limits.tool_name_mask, [ep.env.legal_actions() for ep in active],
-                                [ep.offered_tools for ep in active])
-        generations = policy.generate([ep.token_ids for ep in active], turn_sampling, masker)
-        for row, (ep, gen) in enumerate(zip(active, generations)):
-            advance(ep, gen, codec, limits, masker.token_masks(row) if masker else ())
-        round_index += 1
+    live = [i for i, ep in enumerate(episodes) if not ep.done]
+    masker = episode_masks(codec, limits.tool_name_mask, [ep.env.legal_actions() for ep in episodes],
+                           [ep.offered_tools for ep in episodes])
+    processor = _chain(logits_processor, masker)
+    max_concurrent = max_concurrent or limits.max_concurrent_episodes
+    if live:
+        workers = tool_workers or limits.tool_workers or max(1, min(max_concurrent, len(live)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentgrad-tool") as pool:
+            if isinstance(policy, SessionPolicy):
+                _run_continuous(policy, codec, episodes, live, pool, sampling, limits, processor, masker,
+                                max_concurrent)
+            else:
+                _run_rounds(policy, codec, episodes, live, pool, sampling, limits, processor, masker, max_concurrent)
     return [finish_episode(ep, policy_version) for ep in episodes]
+
+
+def _chain(first: LogitsProcessor | None, then: LogitsProcessor | None) -> LogitsProcessor | None:
+    """A caller's processor, then the action-mask one (so the recorded legal set is the last word)."""
+    if first is None or then is None:
+        return first or then
+    return lambda row, generated, logits: then(row, generated, first(row, generated, logits))
+
+
+def _start_turn(masker: EpisodeMasks | None, i: int, ep: _Episode) -> None:
+    if masker is not None:
+        masker.start_turn(i, ep.env.legal_actions())
+
+
+def _turn_masks(masker: EpisodeMasks | None, i: int) -> list[TokenMask]:
+    return masker.token_masks(i) if masker is not None else []
+
+
+def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Episode], live: list[int],
+                    pool: ThreadPoolExecutor, sampling: SamplingParams, limits: RolloutLimits,
+                    logits_processor: LogitsProcessor | None, masker: EpisodeMasks | None,
+                    max_concurrent: int) -> None:
+    waiting = deque(live)
+    in_tools: dict[Future, int] = {}
+    turn_sampling = dataclasses.replace(sampling, max_new_tokens=limits.max_new_tokens_per_turn)
+    capacity = max(1, min(max_concurrent, len(live)))
+    with policy.session(turn_sampling, logits_processor, max_sequences=capacity,
+                        max_tokens=limits.max_total_tokens) as session:
+        in_flight = 0
+
+        def admit() -> None:
+            nonlocal in_flight
+            while waiting and in_flight < capacity:
+                i = waiting.popleft()
+                _start_turn(masker, i, episodes[i])
+                session.submit(i, episodes[i].token_ids, _turn_budget(episodes[i], limits))
+                in_flight += 1
+
+        def retire(i: int) -> None:
+            nonlocal in_flight
+            session.release(i)
+            in_flight -= 1
+            admit()
+
+        admit()
+        while in_flight:
+            if session.has_work:
+                for i, gen in session.step():
+                    actions = begin_turn(episodes[i], gen, codec, limits, _turn_masks(masker, i))
+                    if episodes[i].done:
+                        retire(i)
+                    else:
+                        in_tools[pool.submit(run_actions, episodes[i], actions, limits)] = i
+                ready = [f for f in in_tools if f.done()]
+            else:  # nothing to decode: sleep until a tool returns
+                assert in_tools, "an episode in flight is neither generating nor waiting on a tool"
+                ready = list(wait(in_tools, return_when=FIRST_COMPLETED).done)
+            for f in sorted(ready, key=in_tools.__getitem__):
+                i = in_tools.pop(f)
+                f.result()
+                obs_ids = end_turn(episodes[i], codec, limits)
+                if episodes[i].done:
+                    retire(i)
+                else:
+                    _start_turn(masker, i, episodes[i])
+                    session.submit(i, obs_ids, _turn_budget(episodes[i], limits))
+
+
+def _run_rounds(policy: Policy, codec: ChatCodec, episodes: list[_Episode], live: list[int],
+                pool: ThreadPoolExecutor, sampling: SamplingParams, limits: RolloutLimits,
+                logits_processor: LogitsProcessor | None, masker: EpisodeMasks | None, max_concurrent: int) -> None:
+    """Every active episode advances one turn per round through `Policy.generate`; tools run concurrently."""
+    for chunk_start in range(0, len(live), max_concurrent):
+        chunk = live[chunk_start:chunk_start + max_concurrent]
+        round_index = 0
+        while active := [i for i in chunk if not episodes[i].done]:
+            turn_sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn,
+                                           temperature=sampling.temperature, top_p=sampling.top_p,
+                                           seed=None if sampling.seed is None else sampling.seed + round_index)
+            for i in active:
+                _start_turn(masker, i, episodes[i])
+            # `generate` numbers its rows 0..len(active)-1; processors see the episode's index, as documented.
+            row_processor = None if logits_processor is None else (
+                lambda row, generated, logits: logits_processor(active[row], generated, logits))
+            generations = policy.generate([episodes[i].token_ids for i in active], turn_sampling, row_processor)
+            acting = []
+            for i, gen in zip(active, generations):
+                ep = episodes[i]
+                actions = begin_turn(ep, gen, codec, limits, _turn_masks(masker, i))
+                if not ep.done:
+                    acting.append((ep, pool.submit(run_actions, ep, actions, limits)))
+            for ep, future in acting:
+                future.result()
+                end_turn(ep, codec, limits)
+            round_index += 1
 
 
 def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: ChatCodec,

@@ -1,0 +1,107 @@
+"""Multi-turn rollout throughput: agentgrad's engine against Hugging Face `generate`, same model and episodes.
+
+Both sides run the same 64 arithmetic episodes (8 tasks x 8 samples, calculator call then answer) through
+`run_episodes` with the same tools, limits and sampling (temperature 0.7, logprobs recorded):
+- peer: every turn is one `model.generate` call over the left-padded batch of whole prefixes (prompt, earlier
+  turns, observations), so each turn re-prefills everything before it; episodes advance in lockstep rounds;
+- agentgrad: `HFPolicy` sessions: one KV-cache row per episode kept across turns (a turn prefills only the new
+  observation), continuous batching, prompt de-duplication, a lean decode path.
+Runs alternate (ours, peer, ours, ...) so machine load hits both; the table gives medians.
+
+    nice -n 19 python benchmarks/rollout_throughput.py [--threads 1 2] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed  # noqa: E402
+
+from agentgrad.backends.base import Generation, SamplingParams  # noqa: E402
+
+
+class HFGeneratePolicy:
+    """The peer: `transformers` `generate` per turn over left-padded whole prefixes, logprobs from its scores."""
+
+    def __init__(self, model, eos_token_ids: Sequence[int], pad_token_id: int) -> None:
+        self.model, self.eos, self.pad = model, list(eos_token_ids), pad_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts, sampling: SamplingParams, logits_processor=None) -> list[Generation]:
+        self.model.eval()
+        B, L = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, L), self.pad, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, L - len(p):] = torch.tensor(p)
+            mask[b, L - len(p):] = 1
+        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=sampling.temperature > 0,
+                                  temperature=sampling.temperature or None, top_p=sampling.top_p, top_k=None,
+                                  max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos,
+                                  pad_token_id=self.pad, output_scores=True, return_dict_in_generate=True)
+        lps = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)  # (B, N)
+        gens = []
+        for b in range(B):
+            row, lp = out.sequences[b, L:].tolist(), lps[b].tolist()
+            n = next((i + 1 for i, t in enumerate(row) if t in self.eos), len(row))
+            gens.append(Generation(tuple(row[:n]), tuple(lp[:n]), "stop" if row[n - 1] in self.eos else "length"))
+        return gens
+
+    def load_weights(self, state) -> None:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--bc-steps", type=int, default=150)
+    args = ap.parse_args()
+
+    from agentgrad.envs import SUITES
+    from agentgrad.models.hf import load_model
+    from agentgrad.pipelines.components import inference, quiet_hf, rollout_limits
+    from agentgrad.rollout.loop import run_episodes
+
+    quiet_hf()
+    config = bench_config()
+    loaded = load_model(bc_model_dir(args.bc_steps))
+    ours, codec = inference(loaded)
+    peer = HFGeneratePolicy(loaded.model, loaded.eos_token_ids, loaded.pad_token_id)
+    suite = SUITES.get("arithmetic")()
+    limits = rollout_limits(config)
+    tasks = [t for t in suite.sample_tasks(args.episodes // 8, split="train", seed=5) for _ in range(8)]
+    seed = [0]
+
+    def rollout(policy) -> float:
+        seed[0] += 1
+        sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.7, seed=seed[0])
+        dt, trajs = timed(lambda: run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks,
+                                               sampling=sampling, limits=limits, max_concurrent=args.episodes))
+        stats.setdefault(id(policy), []).append(sum(len(t.turns) for t in trajs) / len(trajs))
+        return sum(t.num_generated_tokens for t in trajs) / dt
+
+    rows = []
+    for threads in args.threads:
+        set_threads(threads)
+        stats: dict[int, list[float]] = {}
+        rollout(ours), rollout(peer)  # warm-up
+        res = alternate({"agentgrad": lambda: rollout(ours), "hf_generate": lambda: rollout(peer)}, args.repeats)
+        a, p = median(res["agentgrad"]), median(res["hf_generate"])
+        rows.append((str(threads), f"{a:.0f}", f"{p:.0f}", f"{a / p:.2f}x",
+                     f"{median(stats[id(ours)]):.2f} / {median(stats[id(peer)]):.2f}"))
+    print(f"\nmulti-turn rollout, {args.episodes} episodes in flight, default tiny model "
+          f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.2f}M params), median of {args.repeats}")
+    print(table(rows, ("threads", "agentgrad tok/s", "HF generate tok/s", "ratio (target >= 2x)",
+                       "turns/episode ours / peer")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Training throughput as a fraction of the machine's measured matmul throughput (model FLOPs utilisation).
+
+The peer is the hardware: FLOP/s of a large fp32 matmul (torch.mm, n=1024) measured in the same run. Training
+is agentgrad's GRPO update (TorchLearner: forward, clipped loss, backward, AdamW) over a real rollout batch of
+128 arithmetic episodes, in minibatches of 64 as the default run does. Model FLOPs per trained token:
+6 * N (N = non-embedding parameters + the tied lm head, V * H) + 12 * layers * H * ctx (attention scores and
+values, forward and backward, ctx = mean attended length = half the sequence), counted on real tokens only, so
+padding is waste. The default width (128) and a wider model (512) on the same tokens show how the fraction grows
+with the matmul sizes.
+
+    nice -n 19 python benchmarks/train_mfu.py [--threads 1 2] [--widths 128 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bc_model_dir, bench_config, set_threads, table  # noqa: E402
+
+
+def matmul_flops(n: int = 1024, reps: int = 8) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, b)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def model_flops_per_token(model, batch) -> float:
+    cfg = model.config
+    H, V, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    embed = model.get_input_embeddings().weight.numel()
+    n = sum(p.numel() for p in model.parameters()) - embed + V * H  # the tied head still does a V x H matmul
+    lengths = batch.attention_mask.sum(1).double()
+    ctx = float((lengths * lengths / 2).sum() / lengths.sum())  # token-weighted mean attended length
+    return 6 * n + 12 * layers * H * ctx
+
+
+def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> tuple[float, float]:
+    """(real tokens/s, computed tokens/s, padding included) of clipped-loss updates over the batch."""
+    from agentgrad.algos.losses import ppo_clip_loss
+    from agentgrad.backends.hf import length_buckets
+
+    real = padded = 0
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for start in range(0, batch.num_sequences, minibatch):
+            mb = batch.select(slice(start, start + minibatch))
+            logprobs = learner.logprobs(mb)
+            loss = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=0.2,
+                                 clip_high=0.28, agg="token-mean").loss
+            learner.step(loss)
+            lengths = mb.attention_mask.sum(1)
+            real += int(lengths.sum())
+            padded += sum(len(rows) * int(lengths[rows].max()) for rows in length_buckets(lengths, learner.max_buckets))
+    dt = time.perf_counter() - t0
+    return real / dt, padded / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--widths", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--buckets", type=int, default=4, help="TorchLearner.max_buckets (1: one padded forward)")
+    args = ap.parse_args()
+
+    from agentgrad.backends.base import SamplingParams
+    from agentgrad.backends.hf import TorchLearner
+    from agentgrad.batch import collate
+    from agentgrad.envs import SUITES
+    from agentgrad.models.hf import load_model
+    from agentgrad.models.tiny import build_tiny_model
+    from agentgrad.pipelines.components import inference, quiet_hf, rollout_limits
+    from agentgrad.rewards.base import OutcomeReward, score
+    from agentgrad.rollout.loop import run_episodes
+
+    quiet_hf()
+    set_threads(1)
+    loaded = load_model(bc_model_dir(args.bc_steps))
+    policy, codec = inference(loaded)
+    suite = SUITES.get("arithmetic")()
+    tasks = [t for t in suite.sample_tasks(16, split="train", seed=5) for _ in range(8)]
+    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks,
+                         sampling=SamplingParams(temperature=0.7, seed=0), limits=rollout_limits(bench_config()))
+    scored = score(trajs, OutcomeReward(suite), suite)
+    batch = collate(scored, pad_token_id=loaded.pad_token_id, group_index=[i // 8 for i in range(len(scored))])
+    batch = batch.replace(advantages=torch.randn(batch.loss_mask.shape) * batch.loss_mask)
+    rows = []
+    for width in args.widths:
+        if width == loaded.model.config.hidden_size:
+            model = loaded.model
+        else:
+            torch.manual_seed(0)
+            model = build_tiny_model(loaded.tokenizer, hidden_size=width, num_layers=4, num_heads=8,
+                                     num_kv_heads=4, intermediate_size=3 * width)
+        learner = TorchLearner(model, lr=1e-5, max_buckets=args.buckets)
+        per_token = model_flops_per_token(model, batch)
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        for threads in args.threads:
+            set_threads(threads)
+            train_tokens_per_s(learner, batch, epochs=1)  # warm-up
+            peak = matmul_flops()
+            real, padded = train_tokens_per_s(learner, batch)
+            peak = (peak + matmul_flops()) / 2
+            rows.append((str(width), f"{params:.2f}M", str(threads), f"{peak / 1e9:.1f}", f"{real:.0f}",
+                         f"{real / padded:.0%}", f"{real * per_token / 1e9:.2f}", f"{real * per_token / peak:.1%}"))
+    print(f"\nGRPO update on {batch.num_sequences} episodes ({int(batch.attention_mask.sum())} real tokens, "
+          f"{batch.attention_mask.numel()} padded to one width), minibatch 64, length buckets <= {args.buckets}")
+    print(table(rows, ("width", "params", "threads", "matmul GFLOP/s", "train tok/s", "real/padded",
+                       "model GFLOP/s", "fraction of matmul (target >= 50%)")))
+
+
+if __name__ == "__main__":
+    main()

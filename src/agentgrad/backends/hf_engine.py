@@ -1,0 +1,428 @@
+"""Incremental decoding for transformers causal LMs: one KV-cache row per sequence, reused across turns.
+
+A multi-turn episode is one growing token sequence. `HFSession` keeps each sequence's keys and values in its own
+row ("slot") of a preallocated cache, starting at position 0 (no padding inside a row), so a new turn only
+prefills the observation ids appended since the last one instead of the whole prefix. Sequences join and leave
+between decode steps (continuous batching): an episode waiting on a tool does not hold the others back.
+
+Per step: one batched prefill forward for the sequences that were given new ids, one batched decode forward for
+the sequences that are generating. Sampled ids and logprobs stay in tensors until a turn finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from typing import Hashable, Sequence
+
+import torch
+
+from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
+from agentgrad.backends.sampling import counter_uniform, next_token_logprobs, sample_rows
+
+
+class SlotCache:
+    """Keys/values of up to `num_slots` sequences: k[layer] is (S, kv_heads, capacity, head_dim).
+
+    Duck-types the `Cache.update` call that transformers' attention layers make. Before each forward the caller
+    sets `rows` (which slots the batch rows are; None = slots 0..n-1 in order) and `write_pos` (B, q) (where each
+    new token goes), and the layer gets back keys/values for positions 0..kv_len-1 of those slots.
+    """
+
+    is_compileable = False
+
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (num_slots, kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.rows: torch.Tensor | None = None  # (B,) long
+        self.write_pos = torch.zeros((0, 1), dtype=torch.long, device=device)  # (B, q)
+        self.kv_len = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    def grow(self, capacity: int, limit: int | None = None) -> None:
+        """Make room for `capacity` positions per slot: doubling, so growth is rare, but not past `limit` (the
+        session's token budget) unless `capacity` itself is larger (padded prefill rows can reach past it)."""
+        if capacity <= self.capacity:
+            return
+        new = max(capacity, min(2 * self.capacity, limit or 2 * self.capacity))
+        for buf in (self.k, self.v):
+            for i, t in enumerate(buf):
+                grown = t.new_zeros((t.shape[0], t.shape[1], new, t.shape[3]))
+                grown[:, :, : t.shape[2]] = t
+                buf[i] = grown
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        B = key_states.shape[0]
+        rows = self.rows if self.rows is not None else torch.arange(B, device=k.device)  # (B,)
+        # Advanced indices around a slice put the indexed dims first: the target is (B, q, kv_heads, head_dim).
+        k[rows[:, None], :, self.write_pos] = key_states.transpose(1, 2)
+        v[rows[:, None], :, self.write_pos] = value_states.transpose(1, 2)
+        if self.rows is None:
+            return k[:B, :, : self.kv_len], v[:B, :, : self.kv_len]  # views: no copy on the decode path
+        return k[rows, :, : self.kv_len], v[rows, :, : self.kv_len]
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return self.kv_len
+
+
+# Architectures whose decoder layers are (RMSNorm, q/k/v/o attention with RoPE, RMSNorm, SwiGLU MLP) and whose
+# attention is global: `LeanDecoder` runs them without transformers' per-module wrappers.
+LEAN_MODEL_TYPES = frozenset({"qwen2", "llama"})
+
+
+# CPU GEMM kernels give a row the same bits whatever the other rows are only from ~7 rows up (measured with
+# MKL/oneDNN, torch 2.13: M=1..6 take gemv/small-M paths that round differently). Padding every matmul to at least
+# this many rows makes a sequence's logits independent of which sequences share its step, so a fixed seed
+# reproduces rollouts bit for bit whatever the tool timing. (Attention is per row and was measured invariant.)
+MIN_GEMM_ROWS = 8
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear over the last dim, padded to MIN_GEMM_ROWS rows so each row's result is batch-invariant."""
+    flat = x.reshape(-1, x.shape[-1])
+    m = flat.shape[0]
+    if m < MIN_GEMM_ROWS:
+        flat = torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - m, flat.shape[1])])
+    return torch.nn.functional.linear(flat, weight, bias)[:m].view(*x.shape[:-1], weight.shape[0])
+
+
+class LeanDecoder:
+    """The decoder stack of a Llama-family model as ~20 tensor ops per layer, reading the model's own weights.
+
+    Why: the tiny default model is overhead-bound; transformers' module wrappers, mask builders and per-call
+    checks cost several times the arithmetic of a decode step (measured: ~11 ms of a step vs ~3 ms here). q/k/v
+    and gate/up are fused into single matmuls; the weights are concatenated once per session, so a session
+    must not outlive a weight update. Numerics follow the HF modules (fp32 RMSNorm, rotate-half RoPE, softmax
+    attention with grouped kv heads); tests check logprobs against a full HF forward.
+    """
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        cfg = model.config
+        body = getattr(model, model.base_model_prefix, None)
+        return (getattr(cfg, "model_type", None) in LEAN_MODEL_TYPES and getattr(cfg, "hidden_act", "") == "silu"
+                and not getattr(cfg, "use_sliding_window", False) and body is not None
+                and all(layer.mlp.gate_proj.bias is None and layer.mlp.up_proj.bias is None for layer in body.layers))
+
+    def __init__(self, body: torch.nn.Module, max_positions: int) -> None:
+        cfg = body.config
+        self.body = body
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = float(getattr(body.norm, "variance_epsilon", None) or getattr(body.norm, "eps", 1e-6))
+        nh, kvh, d = self.heads, self.kv_heads, self.head_dim
+        scale = d ** -0.5
+        self.layers = []
+        with torch.no_grad():
+            for layer in body.layers:
+                a, m = layer.self_attn, layer.mlp
+                # The attention scale is folded into the query rows (RoPE is linear, so it commutes).
+                qkv_w = torch.cat([a.q_proj.weight * scale, a.k_proj.weight, a.v_proj.weight])
+                qkv_b = (torch.cat([a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias])
+                         if a.q_proj.bias is not None else None)
+                gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+                self.layers.append((layer.input_layernorm.weight, qkv_w, qkv_b, a.o_proj.weight, a.o_proj.bias,
+                                    layer.post_attention_layernorm.weight, gate_up, m.down_proj.weight,
+                                    m.down_proj.bias))
+            positions = torch.arange(max_positions, device=qkv_w.device)[None]
+            cos, sin = body.rotary_emb(body.embed_tokens.weight[:1, None], positions)  # (1, P, d)
+        self.cos, self.sin = cos[0], sin[0]  # (P, d) looked up by position: no RoPE work per step
+
+    def positions(self, needed: int) -> None:
+        if needed > self.cos.shape[0]:
+            with torch.no_grad():
+                pos = torch.arange(2 * needed, device=self.cos.device)[None]
+                cos, sin = self.body.rotary_emb(self.body.embed_tokens.weight[:1, None], pos)
+            self.cos, self.sin = cos[0], sin[0]
+
+    def __call__(self, input_ids: torch.Tensor, write_pos: torch.Tensor, cache: SlotCache,
+                 rows: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states (B, q, H) after the final norm, writing new keys/values into `cache`."""
+        F = torch.nn.functional
+        B, q = input_ids.shape
+        nh, kvh, d = self.heads, self.kv_heads, self.head_dim
+        g, L, H = nh // kvh, cache.kv_len, self.body.config.hidden_size
+        self.positions(L)
+        x = F.embedding(input_ids, self.body.embed_tokens.weight)  # (B, q, H)
+        cos, sin = self.cos[write_pos][:, :, None], self.sin[write_pos][:, :, None]  # (B, q, 1, d)
+        keys = torch.arange(L, device=x.device)
+        bias = torch.zeros((B, 1, 1, q, L), dtype=x.dtype, device=x.device)  # broadcast over (kv head, group)
+        bias.masked_fill_(keys > write_pos[:, None, None, :, None], float("-inf"))  # causal within each row
+        slot_rows = (rows if rows is not None else torch.arange(B, device=x.device))[:, None]  # (B, 1)
+        half = d // 2
+        for li, (n1, qkv_w, qkv_b, o_w, o_b, n2, gate_up, down_w, down_b) in enumerate(self.layers):
+            h = F.rms_norm(x, (H,), n1, self.eps)
+            qkv = linear_rows(h, qkv_w, qkv_b).view(B, q, nh + 2 * kvh, d)  # (B, q, heads, d)
+            qk = qkv[:, :, : nh + kvh]
+            x1, x2 = qk[..., :half], qk[..., half:]
+            qk = qk * cos + torch.cat((-x2, x1), dim=-1) * sin  # RoPE on queries and keys at once
+            kc, vc = cache.k[li], cache.v[li]
+            kc[slot_rows, :, write_pos] = qk[:, :, nh:]
+            vc[slot_rows, :, write_pos] = qkv[:, :, nh + kvh:]
+            if rows is None:
+                K, V = kc[:B, :, :L], vc[:B, :, :L]  # (B, kvh, L, d) views
+            else:
+                K, V = kc[rows, :, :L], vc[rows, :, :L]
+            qg = qk[:, :, :nh].permute(0, 2, 1, 3).reshape(B, kvh, g * q, d)  # a kv group's heads side by side
+            scores = (qg @ K.transpose(-1, -2)).view(B, kvh, g, q, L) + bias
+            attn = scores.softmax(-1).view(B, kvh, g * q, L) @ V  # (B, kvh, g*q, d)
+            attn = attn.view(B, nh, q, d).transpose(1, 2).reshape(B, q, nh * d)
+            x = x + linear_rows(attn, o_w, o_b)
+            h = F.rms_norm(x, (H,), n2, self.eps)
+            gate, up = linear_rows(h, gate_up).chunk(2, dim=-1)
+            x = x + linear_rows(F.silu(gate) * up, down_w, down_b)
+        return F.rms_norm(x, (H,), self.body.norm.weight, self.eps)
+
+
+def _model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(decoder stack returning hidden states, lm head) of an HF causal LM."""
+    body = getattr(model, model.base_model_prefix, None)
+    head = model.get_output_embeddings()
+    if body is None or head is None:
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder and lm head for incremental decoding")
+    return body, head
+
+
+class HFSession:
+    """Continuous-batching generation over keyed sequences that live across turns.
+
+    `submit(key, ids, max_new_tokens)` appends ids to a sequence's context (the prompt the first time, then the
+    observation) and asks for one more turn; `step()` advances every sequence one token and returns the turns
+    that finished; `release(key)` frees the sequence's slot. Row randomness is keyed by (seed, key, position).
+    """
+
+    def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, eos_token_ids: Sequence[int],
+                 pad_token_id: int, cache_kw: str, max_sequences: int, max_tokens: int,
+                 logits_processor: LogitsProcessor | None = None) -> None:
+        self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
+        self.body, self.head = _model_parts(model)
+        self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
+        self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
+        device = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        S = max(1, max_sequences)
+        self.cache = SlotCache(cfg.num_hidden_layers, S, kv_heads, head_dim, min(max_tokens + 1, 256), dtype, device)
+        self.device = device
+        self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), device=device)  # (E,)
+        max_new = sampling.max_new_tokens
+        self.length = torch.zeros(S, dtype=torch.long, device=device)  # (S,) tokens in the cache per slot
+        self.tail = torch.zeros(S, dtype=torch.long, device=device)  # (S,) last sampled id, not yet in the cache
+        self.has_tail = [False] * S
+        self.generating = torch.zeros(S, dtype=torch.bool, device=device)  # (S,)
+        self.row_key = torch.zeros(S, dtype=torch.long, device=device)  # (S,) sampling key of each slot
+        self.gen_ids = torch.zeros((S, max_new), dtype=torch.long, device=device)  # (S, N) this turn's ids
+        self.gen_lps = torch.zeros((S, max_new), dtype=torch.float32, device=device)  # (S, N)
+        self.gen_count = torch.zeros(S, dtype=torch.long, device=device)  # (S,)
+        self.max_new = torch.zeros(S, dtype=torch.long, device=device)  # (S,)
+        self._free = list(range(S))
+        self._slot: dict[Hashable, int] = {}
+        self._key_of: list[Hashable | None] = [None] * S
+        self._queued: dict[int, list[int]] = {}  # slot -> ids to prefill
+        self._prefix_ids: list[int] = []  # the prefix all prompts share, and its keys/values per layer
+        self._prefix_k: list[torch.Tensor] = []
+        self._prefix_v: list[torch.Tensor] = []
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._queued) or bool(self.generating.any())
+
+    def submit(self, key: Hashable, new_ids: Sequence[int], max_new_tokens: int) -> None:
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        slot = self._slot.get(key)
+        if slot is None:
+            if not new_ids:
+                raise ValueError("cannot generate from an empty prompt")
+            if not self._free:
+                raise RuntimeError(f"all {len(self._key_of)} sequence slots are in use; release one first")
+            slot = heapq.heappop(self._free)
+            self._slot[key], self._key_of[slot] = slot, key
+            self.length[slot] = 0
+            self.has_tail[slot] = False
+            self.row_key[slot] = key if isinstance(key, int) else hash(key)
+        elif bool(self.generating[slot]) or slot in self._queued:
+            raise RuntimeError(f"sequence {key!r} is still generating")
+        ids = ([int(self.tail[slot])] if self.has_tail[slot] else []) + list(new_ids)
+        self.has_tail[slot] = False
+        self.max_new[slot] = min(max_new_tokens, self.gen_ids.shape[1])
+        self._queued[slot] = ids
+
+    def release(self, key: Hashable) -> None:
+        slot = self._slot.pop(key)
+        self._key_of[slot] = None
+        self._queued.pop(slot, None)
+        self.generating[slot] = False
+        heapq.heappush(self._free, slot)
+
+    # ---- forward passes ------------------------------------------------------------------------------------
+
+    def _hidden(self, input_ids: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """Run the decoder over new ids (B, q) written at `write_pos` (B, q) of slots `rows`; (B, q, H) out."""
+        cache = self.cache
+        cache.grow(int(write_pos.max()) + 1, self.max_tokens + 1)
+        cache.rows, cache.write_pos = rows, write_pos
+        cache.kv_len = int(write_pos.max()) + 1
+        if self.lean is not None:
+            return self.lean(input_ids, write_pos, cache, rows)
+        keys = torch.arange(cache.kv_len, device=self.device)  # (L,)
+        mask = (keys[None, None, None, :] <= write_pos[:, None, :, None])  # (B, 1, q, L): causal within the row
+        masks = {"full_attention": mask, "sliding_attention": mask}
+        out = self.body(input_ids=input_ids, attention_mask=masks, position_ids=write_pos, use_cache=True,
+                        **{self.cache_kw: cache})
+        return out.last_hidden_state
+
+    def _share_prompts(self, slots: list[int], seqs: list[list[int]]) -> tuple[list[int], dict[int, int]]:
+        """Skip prompt work already done: a new prompt equal to another one in this batch (GRPO's group of
+        samples) is computed once; a new prompt starting with the session's shared prefix (system prompt and
+        tool list) gets that prefix's keys/values copied in. Returns the rows to compute and {dup row: row}."""
+        first: dict[tuple[int, ...], int] = {}
+        duplicates: dict[int, int] = {}
+        compute = []
+        for r, (slot, ids) in enumerate(zip(slots, seqs)):
+            if self.length[slot] == 0:
+                key = tuple(ids)
+                if key in first:
+                    duplicates[r] = first[key]
+                    continue
+                first[key] = r
+                shared = len(os.path.commonprefix([self._prefix_ids, ids])) if self._prefix_ids else 0
+                shared = min(shared, len(ids) - 1)  # the last prompt token must run: its logits start the turn
+                if shared > 0:
+                    for buf, pre in ((self.cache.k, self._prefix_k), (self.cache.v, self._prefix_v)):
+                        for layer, saved in zip(buf, pre):
+                            layer[slot, :, :shared] = saved[:, :shared]
+                    self.length[slot] = shared
+                    seqs[r] = ids[shared:]
+            compute.append(r)
+        return compute, duplicates
+
+    def _remember_prefix(self, slots: list[int], seqs: list[list[int]]) -> None:
+        """Keep the keys/values of the prefix that all distinct new prompts share, for later admissions."""
+        if self._prefix_ids or len(seqs) < 2:
+            return
+        prefix = os.path.commonprefix(seqs)
+        if len(prefix) >= 4:
+            self._prefix_ids = list(prefix)
+            self._prefix_k = [layer[slots[0], :, : len(prefix)].clone() for layer in self.cache.k]
+            self._prefix_v = [layer[slots[0], :, : len(prefix)].clone() for layer in self.cache.v]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None and isinstance(self.head, torch.nn.Linear):
+            return linear_rows(hidden, self.head.weight, self.head.bias).float()  # (R, V)
+        return self.head(hidden).float()
+
+    def _prefill(self) -> list[tuple[Hashable, Generation]]:
+        slots = sorted(self._queued)
+        seqs = [self._queued.pop(s) for s in slots]
+        new_prompts = [list(seq) for slot, seq in zip(slots, seqs) if self.length[slot] == 0]
+        compute, duplicates = self._share_prompts(slots, seqs)
+        c_slots = [slots[r] for r in compute]
+        rows = torch.tensor(c_slots, dtype=torch.long, device=self.device)  # (R,)
+        lens = torch.tensor([len(seqs[r]) for r in compute], dtype=torch.long, device=self.device)  # (R,)
+        q = int(lens.max())
+        input_ids = torch.full((len(compute), q), self.pad_token_id, dtype=torch.long, device=self.device)  # (R, q)
+        for i, r in enumerate(compute):
+            input_ids[i, : len(seqs[r])] = torch.tensor(seqs[r], dtype=torch.long)
+        write_pos = self.length[rows][:, None] + torch.arange(q, device=self.device)[None, :]  # (R, q)
+        hidden = self._hidden(input_ids, write_pos, rows)  # (R, q, H)
+        last = hidden[torch.arange(len(compute), device=self.device), lens - 1]  # (R, H)
+        self.length[rows] += lens
+        self._remember_prefix(c_slots, [p for p in new_prompts if p])
+        logits = self._logits(last)  # (R, V)
+        if duplicates:
+            where = {r: i for i, r in enumerate(compute)}
+            for dup, src in duplicates.items():
+                n = int(self.length[slots[src]])
+                for buf in (self.cache.k, self.cache.v):
+                    for layer in buf:
+                        layer[slots[dup], :, :n] = layer[slots[src], :, :n]
+                self.length[slots[dup]] = n
+            order = [where[duplicates.get(r, r)] for r in range(len(slots))]
+            logits = logits[torch.tensor(order, device=self.device)]  # (len(slots), V)
+        all_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.gen_count[all_rows] = 0
+        return self._sample_and_record(logits, all_rows)
+
+    def _decode(self) -> list[tuple[Hashable, Generation]]:
+        active = self.generating.nonzero().squeeze(-1)  # (A,)
+        hi = int(active[-1]) + 1
+        if len(active) * 2 >= hi:
+            # Dense: run slots 0..hi-1 (idle ones compute a throwaway token at their next free position, which
+            # the next real write there overwrites), so the cache is read through views, never gathered.
+            rows, idx = None, active
+            input_ids = self.tail[:hi].masked_fill(~self.generating[:hi], self.pad_token_id)[:, None]  # (hi, 1)
+            write_pos = self.length[:hi][:, None]  # (hi, 1)
+        else:
+            rows, idx = active, None
+            input_ids = self.tail[active][:, None]  # (A, 1)
+            write_pos = self.length[active][:, None]  # (A, 1)
+        hidden = self._hidden(input_ids, write_pos, rows)[:, 0]  # (B, H)
+        if idx is not None:
+            hidden = hidden[idx]
+        self.length[active] += 1
+        return self._sample_and_record(self._logits(hidden), active)
+
+    # ---- sampling ------------------------------------------------------------------------------------------
+
+    def _sample_and_record(self, logits: torch.Tensor, slots: torch.Tensor) -> list[tuple[Hashable, Generation]]:
+        """Sample one id per slot from logits (R, V); finished turns come back as Generations."""
+        s = self.sampling
+        processor = None
+        if self.logits_processor is not None:
+            keys = [self._key_of[i] for i in slots.tolist()]
+            counts = self.gen_count[slots].tolist()
+
+            def processor(row_logits: torch.Tensor) -> torch.Tensor:
+                return torch.stack([self.logits_processor(k, self.gen_ids[sl, :c].tolist(), row_logits[r])
+                                    for r, (k, sl, c) in enumerate(zip(keys, slots.tolist(), counts))])
+
+        logp = next_token_logprobs(logits, s.temperature, s.top_p, processor)  # (R, V)
+        if s.temperature == 0:
+            ids = logp.argmax(-1)  # (R,)
+        else:
+            ids = sample_rows(logp, counter_uniform(self.seed, self.row_key[slots], self.length[slots]))  # (R,)
+        chosen = logp.gather(-1, ids[:, None]).squeeze(-1)  # (R,)
+        count = self.gen_count[slots]  # (R,)
+        self.gen_ids[slots, count] = ids
+        self.gen_lps[slots, count] = chosen
+        count = count + 1
+        self.gen_count[slots] = count
+        self.tail[slots] = ids
+        stop = torch.isin(ids, self.eos)  # (R,)
+        done = stop | (count >= self.max_new[slots])  # (R,)
+        self.generating[slots] = ~done
+        if not bool(done.any()):
+            return []
+        out = []
+        for r in done.nonzero().squeeze(-1).tolist():
+            slot = int(slots[r])
+            n = int(count[r])
+            self.has_tail[slot] = True
+            gen = Generation(tuple(self.gen_ids[slot, :n].tolist()), tuple(self.gen_lps[slot, :n].tolist()),
+                             "stop" if bool(stop[r]) else "length")
+            out.append((self._key_of[slot], gen))
+        return out
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, Generation]]:
+        """One prefill (of newly submitted ids) and one decode step (of sequences already generating)."""
+        decoding = bool(self.generating.any())
+        finished: list[tuple[Hashable, Generation]] = []
+        if decoding:
+            finished += self._decode()
+        if self._queued:
+            finished += self._prefill()
+        return finished
