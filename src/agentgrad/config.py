@@ -70,6 +70,9 @@ class RolloutConfig(_Section):
                                                         "answering; on: in every state; off: never.")
     max_concurrent_episodes: int = Field(64, gt=0, description="Episodes in flight at once (continuous batching: "
                                                                "a finished episode's slot goes to the next one).")
+    deterministic_schedule: bool = Field(False, description="Wait for every pending tool call after each decode "
+                                         "step, so which episodes share a step (and so the last bits of the logprobs) "
+                                         "never depends on tool timing: bit-repeatable runs, at the cost of overlap.")
     tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
                                                    "in flight).")
 

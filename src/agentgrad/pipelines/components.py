@@ -55,7 +55,8 @@ def rollout_limits(config: Config) -> RolloutLimits:
     return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens_per_turn,
                          max_total_tokens=r.max_total_tokens, max_invalid_calls=r.max_invalid_calls,
                          repeated_call_limit=r.repeated_call_limit, tool_name_mask=r.tool_name_mask,
-                         max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers)
+                         max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
+                         deterministic_schedule=r.deterministic_schedule)
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int) -> list[str]:

@@ -32,6 +32,7 @@ class RolloutLimits:
     repeated_call_limit: int = 3  # the same call (tool + arguments) this many times stops the episode
     max_concurrent_episodes: int = 64  # episodes in flight at once (not a per-episode limit: a sampler setting)
     tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
+    deterministic_schedule: bool = False  # drain all tool calls after each decode step (timing-independent floats)
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
 
 
@@ -259,7 +260,12 @@ def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Epi
                         retire(i)
                     else:
                         in_tools[pool.submit(run_actions, episodes[i], actions, limits)] = i
-                ready = [f for f in in_tools if f.done()]
+                if limits.deterministic_schedule:
+                    # Batch composition then follows the data alone: float-identical logprobs run to run.
+                    wait(list(in_tools))
+                    ready = list(in_tools)
+                else:
+                    ready = [f for f in in_tools if f.done()]
             else:  # nothing to decode: sleep until a tool returns
                 assert in_tools, "an episode in flight is neither generating nor waiting on a tool"
                 ready = list(wait(in_tools, return_when=FIRST_COMPLETED).done)
