@@ -55,8 +55,11 @@ class ListSink:
 @pytest.fixture()
 def components(arithmetic_suite, loaded_tiny, codec):
     def make(*overrides):
+        # The scripted expert answers only the tasks it was given: no resampling of zero-signal groups, and no
+        # KL guard (its recorded logprobs are not the model's).
         config = build_config(overrides=["algo.tasks_per_step=8", "algo.group_size=4", "algo.epochs_per_step=1",
-                                         "algo.minibatch_size_episodes=16", "run.threads=1", *overrides])
+                                         "algo.minibatch_size_episodes=16", "run.threads=1", "algo.zero_signal=keep",
+                                         "algo.target_kl=null", *overrides])
         tasks = [t for s in range(config.algo.steps + 1) for t in arithmetic_suite.sample_tasks(
             config.algo.tasks_per_step, split="train", seed=(config.run.seed + 1) * 1_000_003 + s)]
         loaded = copy.copy(loaded_tiny)
@@ -88,8 +91,7 @@ def test_ten_percent_tool_faults_are_masked_counted_and_the_run_completes(compon
 
 
 def test_nonfinite_loss_skips_the_update_and_aborts_after_k_in_a_row(components):
-    # target_kl off: the scripted expert's recorded logprobs are not the model's, so any KL guard would trip
-    c = components("algo.steps=1", "algo.minibatch_size_episodes=16", "algo.target_kl=null")
+    c = components("algo.steps=1", "algo.minibatch_size_episodes=16")
     tasks = c.suite.sample_tasks(8, split="train", seed=5)
     c.policy.tasks += tasks
     groups = rollout_groups(c, tasks, step=0)
