@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 import torch
 
 from agentgrad.backends.base import SamplingParams
@@ -57,7 +58,16 @@ def _legal_by_brute_force(tokenizer, generated: list[int], names: frozenset[str]
     return legal
 
 
-def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softmax(loaded_tiny, codec):
+def _force_first(open_id):
+    def force(row, generated, logits):
+        if not generated:
+            return torch.full_like(logits, float("-inf")).index_fill(0, torch.tensor([open_id]), 0.0)
+        return logits
+    return force
+
+
+@pytest.mark.parametrize("engine", ["rounds", "session"])
+def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softmax(loaded_tiny, codec, engine):
     """Acceptance: api-catalog before login, the real tiny model, the real loop. Every sampled name is a legal
     (public) API; every constrained token's logprob is the log-softmax over the legal set (found here by brute
     force over the vocabulary); the learner, given the recorded masks, reproduces every sampled logprob."""
@@ -65,8 +75,11 @@ def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softma
     tasks = suite.sample_tasks(8, split="train", seed=0)
     policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
     open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
-    trajs = run_episodes(ForceCall(policy, open_id), codec, [suite.make_env() for _ in tasks], tasks,
-                         sampling=SamplingParams(temperature=1.0, seed=0),
+    # "rounds": a plain Policy stepped turn by turn through `generate`; "session": HFPolicy's continuous-batching
+    # engine, where the loop's own processor is chained after a caller's (here the one forcing <tool_call>).
+    sampler, caller = (ForceCall(policy, open_id), None) if engine == "rounds" else (policy, _force_first(open_id))
+    trajs = run_episodes(sampler, codec, [suite.make_env() for _ in tasks], tasks,
+                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=caller,
                          limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
     names = [re.match(re.escape(OPEN + HEADER) + r'([^"]*)"', t.turns[0].text) for t in trajs]
     assert all(names), [t.turns[0].text for t in trajs]

@@ -9,7 +9,7 @@ import torch
 from agentgrad.algos.constrained import masked_token_logprobs
 from agentgrad.batch import LogitMasks, collate
 from agentgrad.envs import ActionMask
-from agentgrad.rollout.constrained import MaskedTurn, ToolNameDecoder, call_header, turn_processor
+from agentgrad.rollout.constrained import EpisodeMasks, ToolNameDecoder, call_header, episode_masks
 from agentgrad.rollout.parser import OPEN
 from agentgrad.types import StopReason, Task, TokenMask, Trajectory
 
@@ -84,8 +84,15 @@ def test_deny_rule_blocks_eos_and_keeps_the_rest(decoder):
 def test_auto_masks_only_where_the_mask_restricts_the_prompt(codec):
     full = ActionMask(frozenset({"math"}), frozenset({"calculator"}))
     offered = [frozenset({"calculator"})]
-    assert turn_processor(codec, "auto", [full], offered) is None
-    assert isinstance(turn_processor(codec, "on", [full], offered), MaskedTurn)
-    assert turn_processor(codec, "off", [ActionMask(frozenset(), frozenset(), final_answer=False)], offered) is None
-    assert isinstance(turn_processor(codec, "auto", [ActionMask(frozenset(), frozenset(), final_answer=False)],
-                                     offered), MaskedTurn)
+    no_answer = ActionMask(frozenset(), frozenset(), final_answer=False)
+    assert episode_masks(codec, "auto", [full], offered) is None
+    assert isinstance(episode_masks(codec, "on", [full], offered), EpisodeMasks)
+    assert episode_masks(codec, "off", [no_answer], offered) is None
+    masker = episode_masks(codec, "auto", [no_answer], offered)
+    assert isinstance(masker, EpisodeMasks)
+    # A later state whose mask offers everything again is left free: the turn starts unconstrained.
+    masker.start_turn(0, full)
+    logits = torch.zeros(len(masker.turn.decoder.strings))
+    assert torch.equal(masker(0, [], logits), logits) and masker.token_masks(0) == []
+    masker.start_turn(0, no_answer)  # answering illegal: end-of-turn gets -inf from the first token on
+    assert torch.isinf(masker(0, [], logits)[list(masker.turn.decoder.eos_token_ids)]).all()

@@ -117,7 +117,7 @@ class LeanDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = float(getattr(body.norm, "variance_epsilon", None) or getattr(body.norm, "eps", 1e-6))
-        nh, kvh, d = self.heads, self.kv_heads, self.head_dim
+        d = self.head_dim
         scale = d ** -0.5
         self.layers = []
         with torch.no_grad():

@@ -184,16 +184,6 @@ def needs_mask(mode: MaskMode, mask: ActionMask, offered: frozenset[str]) -> boo
     return mode == "on" or not mask.final_answer or mask.tools != offered
 
 
-def turn_processor(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask],
-                   offered: Sequence[frozenset[str]]) -> MaskedTurn | None:
-    """The processor for one batched turn, or None when no row needs a mask."""
-    rows = [m if needs_mask(mode, m, o) else None for m, o in zip(masks, offered)]
-    if all(r is None for r in rows):
-        return None
-    decoder = _decoder(codec, mode)
-    return MaskedTurn(decoder, rows) if decoder is not None else None
-
-
 class EpisodeMasks:
     """The logits processor of a whole rollout (row = episode index), for engines where episodes start their
     turns at different times: each turn begins with `start_turn(row, env.legal_actions())`, so a mask that
