@@ -100,7 +100,8 @@ def eval_cmd(
 
 @app.command()
 def config(
-    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Show the values of this preset."),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Show the values of this preset (default: the "
+                                                                 "one `agentgrad train` uses)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides to apply before showing."),
 ) -> None:
     """List every config key with its value and help text."""

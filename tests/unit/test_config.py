@@ -56,3 +56,18 @@ def test_suite_defaults_sit_between_field_defaults_and_overrides():
     api = build_config(overrides=["env=api-catalog", "env.options={kinds: [single]}"])
     assert api.env.options == {"schemas": "none", "kinds": ["single"]}  # option mappings merge
     assert build_config().rollout.max_turns == 4  # the default run (arithmetic) is untouched
+
+
+def test_config_command_shows_the_values_train_uses():
+    """`agentgrad config` with no arguments lists what `agentgrad train` with no arguments runs (its preset)."""
+    from typer.testing import CliRunner
+
+    from agentgrad.cli import app
+
+    train_defaults = build_config()  # the preset `agentgrad train` starts from
+    out = CliRunner().invoke(app, ["config"]).output
+    assert f"algo.steps = {train_defaults.algo.steps!r}" in out
+    assert f"rollout.temperature = {train_defaults.rollout.temperature!r}" in out
+    assert train_defaults.rollout.temperature != Config().rollout.temperature  # the preset really differs
+    out = CliRunner().invoke(app, ["config", "algo.steps=7"]).output
+    assert "algo.steps = 7" in out
