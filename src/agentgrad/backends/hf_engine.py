@@ -117,8 +117,7 @@ class LeanDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = float(getattr(body.norm, "variance_epsilon", None) or getattr(body.norm, "eps", 1e-6))
-        d = self.head_dim
-        scale = d ** -0.5
+        scale = self.head_dim ** -0.5
         self.layers = []
         with torch.no_grad():
             for layer in body.layers:
@@ -377,19 +376,25 @@ class HFSession:
 
     # ---- sampling ------------------------------------------------------------------------------------------
 
+    def _row_processor(self, slots: torch.Tensor):
+        """The user's per-row logits processor as a batch function: row index = the sequence's key, generated
+        ids = those of the current turn. A Python call per row and step, paid only when a processor is set."""
+        if self.logits_processor is None:
+            return None
+        slot_list = slots.tolist()
+        keys = [self._key_of[i] for i in slot_list]
+        counts = self.gen_count[slots].tolist()
+
+        def processor(row_logits: torch.Tensor) -> torch.Tensor:
+            return torch.stack([self.logits_processor(k, self.gen_ids[sl, :c].tolist(), row_logits[r])
+                                for r, (k, sl, c) in enumerate(zip(keys, slot_list, counts))])
+
+        return processor
+
     def _sample_and_record(self, logits: torch.Tensor, slots: torch.Tensor) -> list[tuple[Hashable, Generation]]:
         """Sample one id per slot from logits (R, V); finished turns come back as Generations."""
         s = self.sampling
-        processor = None
-        if self.logits_processor is not None:
-            keys = [self._key_of[i] for i in slots.tolist()]
-            counts = self.gen_count[slots].tolist()
-
-            def processor(row_logits: torch.Tensor) -> torch.Tensor:
-                return torch.stack([self.logits_processor(k, self.gen_ids[sl, :c].tolist(), row_logits[r])
-                                    for r, (k, sl, c) in enumerate(zip(keys, slots.tolist(), counts))])
-
-        logp = next_token_logprobs(logits, s.temperature, s.top_p, processor)  # (R, V)
+        logp = next_token_logprobs(logits, s.temperature, s.top_p, self._row_processor(slots))  # (R, V)
         if s.temperature == 0:
             ids = logp.argmax(-1)  # (R,)
         else:
