@@ -21,8 +21,8 @@ ALGOS = {
     # PPO as in Ziegler et al. 2019: KL to the BC policy as a reward penalty, adaptive coefficient.
     "ppo": ["algo.steps=4", "algo.epochs_per_step=2", "algo.kl_coef=0.05", "algo.kl_mode=reward",
             "algo.kl_controller=adaptive", "algo.kl_target=0.5", "algo.kl_horizon_episodes=500"],
-    # ReST's Grow step needs diverse samples: at the default run's temperature 0.3 it fine-tuned on near-greedy
-    # successes and lost ground (33% -> 31%); at 0.7 it gained (33% -> 44%).
+    # ReST's Grow step needs diverse samples: at temperature 0.3 it fine-tuned on near-greedy successes and lost
+    # ground (33% -> 31%); at 0.7 it gained (33% -> 44%). Pinned here so the test does not follow the preset.
     "rest": ["rest.iterations=4", "rest.tasks_per_iteration=8", "rest.samples_per_task=8", "rest.sft_steps=4",
              "rest.threshold_start=1.0", "rollout.temperature=0.7"],
     "dpo": ["dpo.iterations=4", "dpo.tasks_per_iteration=8", "dpo.samples_per_task=8", "dpo.epochs=1"],
