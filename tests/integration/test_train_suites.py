@@ -46,3 +46,11 @@ def test_train_runs_on_every_suite(suite, tmp_path, jsonl_path):
     assert {"bc", "grpo", "eval_bc", "eval_final"} <= stages
     stored = list(TrajectoryStore(run_dir / "trajectories").trajectories())
     assert stored and all(s.trajectory.task.suite == stored[0].trajectory.task.suite for s in stored)
+
+
+def test_bc_that_misses_its_target_says_so(tmp_path, capsys):
+    """Two BC steps cannot reach 100% validation success: the run goes on, and the output says why it may fail."""
+    budget = [o for o in BUDGET if not o.startswith("bc.stop_at_success")]
+    train(build_config(overrides=[*TINY, *budget, "bc.stop_at_success=1.0", "bc.eval_every=1", "bc.eval_tasks=2",
+                                  f"run.output_dir={tmp_path}", "run.name=run"]))
+    assert "BC used all 2 steps without reaching validation success 100%" in capsys.readouterr().err

@@ -67,7 +67,7 @@ def test_config_command_shows_the_values_train_uses():
     train_defaults = build_config()  # the preset `agentgrad train` starts from
     out = CliRunner().invoke(app, ["config"]).output
     assert f"algo.steps = {train_defaults.algo.steps!r}" in out
-    assert f"rollout.temperature = {train_defaults.rollout.temperature!r}" in out
-    assert train_defaults.rollout.temperature != Config().rollout.temperature  # the preset really differs
+    assert f"bc.stop_at_success = {train_defaults.bc.stop_at_success!r}" in out
+    assert train_defaults.algo.steps != Config().algo.steps  # the preset really differs
     out = CliRunner().invoke(app, ["config", "algo.steps=7"]).output
     assert "algo.steps = 7" in out

@@ -103,4 +103,9 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
             logger.display.stop()
             return step + 1
     logger.display.stop()
+    if cfg.stop_at_success is not None:
+        # Not an error (RL may still work), but the run's premise failed: say so where the user looks.
+        logger.display.print(f"warning: BC used all {cfg.steps} steps without reaching validation success "
+                             f"{cfg.stop_at_success:.0%}; RL starts from a weaker policy (raise bc.steps, or "
+                             f"see docs/design-notes.md on BC's plateau)")
     return cfg.steps
