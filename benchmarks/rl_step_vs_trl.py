@@ -50,7 +50,7 @@ def closeness_reward(trajectory):
 def agentgrad_steps(model_dir: Path, steps: int) -> tuple[list[float], list[float]]:
     """(step seconds, rollout seconds) of `steps` GRPO steps after one warm-up step."""
     from agentgrad.pipelines.components import build_components
-    from agentgrad.pipelines.rl import rl_step
+    from agentgrad.pipelines.rl import rl_step, start_rl
 
     config = bench_config([f"model.path={model_dir}", f"algo.tasks_per_step={TASKS_PER_STEP}",
                            f"algo.group_size={GROUP}", f"algo.epochs_per_step={EPOCHS}",
@@ -59,9 +59,10 @@ def agentgrad_steps(model_dir: Path, steps: int) -> tuple[list[float], list[floa
     with tempfile.TemporaryDirectory() as tmp:
         c = build_components(config, Path(tmp))
         c.learner.set_lr(LR)
+        state = start_rl(c)
         times, rollouts = [], []
         for step in range(steps + 1):
-            m = rl_step(c, step, None, None)
+            m = rl_step(c, step, state, None)
             if m["train/updates"] != EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH):
                 raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?)")
             if step:
