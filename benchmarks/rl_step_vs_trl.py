@@ -47,17 +47,20 @@ def closeness_reward(trajectory):
     return RewardBreakdown(outcome=closeness(trajectory.final_answer, trajectory.task.answer))
 
 
+def agentgrad_config(model_dir: Path):
+    return bench_config([f"model.path={model_dir}", f"algo.tasks_per_step={TASKS_PER_STEP}",
+                         f"algo.group_size={GROUP}", f"algo.epochs_per_step={EPOCHS}",
+                         f"algo.minibatch_size_episodes={MINIBATCH}", f"algo.lr={LR}",
+                         f"rollout.temperature={TEMPERATURE}", "reward.name=rl_step_vs_trl:closeness_reward"])
+
+
 def agentgrad_steps(model_dir: Path, steps: int) -> tuple[list[float], list[float]]:
     """(step seconds, rollout seconds) of `steps` GRPO steps after one warm-up step."""
     from agentgrad.pipelines.components import build_components
     from agentgrad.pipelines.rl import rl_step, start_rl
 
-    config = bench_config([f"model.path={model_dir}", f"algo.tasks_per_step={TASKS_PER_STEP}",
-                           f"algo.group_size={GROUP}", f"algo.epochs_per_step={EPOCHS}",
-                           f"algo.minibatch_size_episodes={MINIBATCH}", f"algo.lr={LR}",
-                           f"rollout.temperature={TEMPERATURE}", "reward.name=rl_step_vs_trl:closeness_reward"])
     with tempfile.TemporaryDirectory() as tmp:
-        c = build_components(config, Path(tmp))
+        c = build_components(agentgrad_config(model_dir), Path(tmp))
         c.learner.set_lr(LR)
         state = start_rl(c)
         times, rollouts = [], []
@@ -69,6 +72,30 @@ def agentgrad_steps(model_dir: Path, steps: int) -> tuple[list[float], list[floa
                 times.append(m["perf/step_s"])
                 rollouts.append(m["perf/rollout_s"])
     return times, rollouts
+
+
+def shared_vs_plain_updates(model_dir: Path, steps: int) -> dict[str, list[float]]:
+    """Update seconds (step minus rollout) of the same GRPO steps run twice from the same weights: with the
+    learner's shared-prefix forward and with the plain padded forward (the learner's `lean` unset)."""
+    import copy
+
+    from agentgrad.pipelines.components import build_components
+    from agentgrad.pipelines.rl import rl_step, start_rl
+
+    out: dict[str, list[float]] = {"shared prefix": [], "plain": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        c = build_components(agentgrad_config(model_dir), Path(tmp))
+        c.learner.set_lr(LR)
+        state, lean = start_rl(c), c.learner.lean
+        for step in range(steps + 1):
+            before = copy.deepcopy(c.learner.state_dict())
+            for name in (("shared prefix", "plain") if step % 2 else ("plain", "shared prefix")):
+                c.learner.load_state_dict(before)
+                c.learner.lean = lean if name == "shared prefix" else None
+                m = rl_step(c, step, state, None)
+                if step:
+                    out[name].append(m["perf/step_s"] - m["perf/rollout_s"])
+    return out
 
 
 def trl_steps(model_dir: Path, steps: int, threads: int) -> list[float]:
@@ -144,6 +171,8 @@ def main() -> None:
                     "step, before and after TRL's)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--shared-vs-plain", action="store_true", help="no TRL: agentgrad's update with and without "
+                    "the shared-prefix forward, on the same steps from the same weights, alternating")
     args = ap.parse_args()
     import os
     import warnings
@@ -155,6 +184,13 @@ def main() -> None:
     quiet_hf()
     set_threads(args.threads)
     model_dir = bc_model_dir(args.bc_steps)
+    if args.shared_vs_plain:
+        times = shared_vs_plain_updates(model_dir, args.steps)
+        shared, plain = median(times["shared prefix"]), median(times["plain"])
+        print(f"\nGRPO update seconds per step, median over {args.steps} steps, threads={args.threads}")
+        print(table([(f"{shared:.2f}", f"{plain:.2f}", f"{plain / shared:.2f}x")],
+                    ("shared prefix s", "plain forward s", "speed-up")))
+        return
     ours_a, roll_a = agentgrad_steps(model_dir, args.steps)
     theirs = trl_steps(model_dir, args.steps, args.threads)
     set_threads(args.threads)

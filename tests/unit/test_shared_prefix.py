@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from agentgrad.backends.hf import TorchLearner, token_logprobs
+from agentgrad.backends.hf import TorchLearner, length_buckets, token_logprobs
 from agentgrad.backends.shared_prefix import plan_shared_prefixes
 from agentgrad.batch import collate
 from agentgrad.types import StopReason, Task, TokenMask, Trajectory
@@ -40,15 +40,16 @@ def _traj(ids: list[int], prompt: int, masks: tuple[TokenMask, ...] = ()) -> Tra
 
 
 def _grouped_batch(with_masks: bool = False):
-    """Three groups: prompts of 9, 5 and 12 tokens, continuations of 1-14 tokens (group 1's rows also agree on
-    their first two generated tokens), and a group of one row."""
+    """16 rows in five groups: prompts of 4-12 tokens, continuations of 1-14 tokens (group 1's rows also agree
+    on their first two generated tokens), one group of one row."""
     g = torch.Generator().manual_seed(1)
 
     def rand(n):
         return torch.randint(1, VOCAB, (n,), generator=g).tolist()
 
     trajs, groups = [], []
-    for gi, (prompt_len, conts) in enumerate([(9, [3, 14, 1, 7]), (5, [6, 2, 11]), (12, [4])]):
+    for gi, (prompt_len, conts) in enumerate([(9, [3, 14, 1, 7]), (5, [6, 2, 11]), (12, [4]), (7, [2, 9, 5, 13, 1]),
+                                                  (4, [8, 3, 6])]):
         prompt = rand(prompt_len)
         common = rand(2) if gi == 1 else []
         for j, n in enumerate(conts):
@@ -70,7 +71,7 @@ def test_plan_shares_the_longest_common_prefix_of_each_group_and_leaves_ungroupe
     lengths = batch.attention_mask.sum(1)
     rows = [batch.input_ids[b, : int(lengths[b])].tolist() for b in range(batch.num_sequences)]
     expected = []
-    for gi in range(3):
+    for gi in range(5):
         members = [r for r, gr in zip(rows, batch.group_index.tolist()) if gr == gi]
         common = 0
         while all(common < len(r) and r[common] == members[0][common] for r in members):
@@ -89,7 +90,9 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_plain_forward(kind, temp
     model = _model(kind)
     batch = _grouped_batch(with_masks)
     learner = TorchLearner(model, lr=0.0, max_buckets=2)
-    assert learner.lean is not None and plan_shared_prefixes(batch) is not None
+    plan = plan_shared_prefixes(batch)
+    assert learner.lean is not None and plan is not None
+    assert len(length_buckets(plan.lengths - plan.prefix_len[plan.source], 2)) == 2  # continuations in 2 runs
     real = batch.attention_mask.bool()
 
     shared = learner.logprobs(batch, temperature=temperature)  # (B, T)
