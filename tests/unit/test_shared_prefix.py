@@ -15,8 +15,8 @@ def _model(kind: str) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    common = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
     if kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
     elif kind == "llama":
@@ -124,3 +124,23 @@ def test_rows_with_different_prompts_in_one_group_and_other_architectures_still_
                 want = token_logprobs(model, batch.input_ids, batch.attention_mask)
             real = batch.attention_mask.bool()
             assert torch.allclose(got[real], want[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("critic_model", ["head", "separate"])
+def test_policy_and_critic_updates_compose_with_the_shared_prefix_forward(critic_model):
+    """PPO's step order: the policy's loss through the shared-prefix forward, then the critic's value loss
+    through its own plain forward (on the policy's detached trunk, or a copy of it); both update."""
+    from agentgrad.models.value import build_critic
+
+    model = _model("qwen2")
+    learner = TorchLearner(model, lr=1e-2)
+    critic = build_critic(model, critic_model, lr=1e-2)
+    batch = _grouped_batch()
+    policy_before = [p.detach().clone() for p in model.parameters()]
+    head_before = critic.model.head.weight.detach().clone()
+    learner.step(-(learner.logprobs(batch) * batch.loss_mask).sum())
+    values = critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
+    metrics = critic.step(((values - 1.0) ** 2 * batch.loss_mask).sum())
+    assert all(torch.isfinite(p).all() for p in model.parameters()) and metrics["train/critic_grad_norm"] > 0
+    assert any(not torch.equal(a, p) for a, p in zip(policy_before, model.parameters()))
+    assert not torch.equal(head_before, critic.model.head.weight)

@@ -132,7 +132,7 @@ def shared_prefix_logits(forward: LeanForward, batch: TokenBatch, plan: PrefixPl
     row's prefix length from its group's prefix run, the rest from its own continuation run. `buckets` splits
     the rows (continuations of similar length run together)."""
     P, S = plan.prefix_ids.shape
-    B, T = batch.input_ids.shape
+    T = batch.input_ids.shape[1]
     cols = torch.arange(max(S, T), device=batch.input_ids.device)
     prefix_logits, prefix_kv = forward(plan.prefix_ids, cols[:S].expand(P, S),
                                        _causal_bias(torch.zeros_like(plan.prefix_len), S, 0))  # (P, S, V)
