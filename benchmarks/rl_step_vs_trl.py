@@ -47,27 +47,73 @@ def closeness_reward(trajectory):
     return RewardBreakdown(outcome=closeness(trajectory.final_answer, trajectory.task.answer))
 
 
+def agentgrad_config(model_dir: Path):
+    return bench_config([f"model.path={model_dir}", f"algo.tasks_per_step={TASKS_PER_STEP}",
+                         f"algo.group_size={GROUP}", f"algo.epochs_per_step={EPOCHS}",
+                         f"algo.minibatch_size_episodes={MINIBATCH}", f"algo.lr={LR}",
+                         f"rollout.temperature={TEMPERATURE}", "reward.name=rl_step_vs_trl:closeness_reward",
+                         # all 8 updates on all groups, as TRL makes them (the default run stops at a KL bound
+                         # and resamples zero-signal groups)
+                         "algo.target_kl=null", "algo.zero_signal=keep"])
+
+
 def agentgrad_steps(model_dir: Path, steps: int) -> tuple[list[float], list[float]]:
     """(step seconds, rollout seconds) of `steps` GRPO steps after one warm-up step."""
     from agentgrad.pipelines.components import build_components
-    from agentgrad.pipelines.rl import rl_step
+    from agentgrad.pipelines.rl import rl_step, start_rl
 
-    config = bench_config([f"model.path={model_dir}", f"algo.tasks_per_step={TASKS_PER_STEP}",
-                           f"algo.group_size={GROUP}", f"algo.epochs_per_step={EPOCHS}",
-                           f"algo.minibatch_size_episodes={MINIBATCH}", f"algo.lr={LR}",
-                           f"rollout.temperature={TEMPERATURE}", "reward.name=rl_step_vs_trl:closeness_reward"])
     with tempfile.TemporaryDirectory() as tmp:
-        c = build_components(config, Path(tmp))
+        c = build_components(agentgrad_config(model_dir), Path(tmp))
         c.learner.set_lr(LR)
+        state = start_rl(c)
         times, rollouts = [], []
         for step in range(steps + 1):
-            m = rl_step(c, step, None, None)
+            m = rl_step(c, step, state, None)
             if m["train/updates"] != EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH):
                 raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?)")
             if step:
                 times.append(m["perf/step_s"])
                 rollouts.append(m["perf/rollout_s"])
     return times, rollouts
+
+
+def shared_vs_plain_updates(model_dir: Path, steps: int) -> dict[str, list[float]]:
+    """Update seconds (step minus rollout; and CPU seconds of `policy_update`, less sensitive to other jobs) of
+    the same GRPO steps run twice from the same weights: with the learner's shared-prefix forward and with the
+    plain padded forward (the learner's `lean` unset)."""
+    import copy
+
+    from agentgrad.pipelines import rl
+    from agentgrad.pipelines.components import build_components
+    from agentgrad.pipelines.rl import rl_step, start_rl
+
+    out: dict[str, list[float]] = {"shared prefix": [], "plain": [], "shared prefix cpu": [], "plain cpu": []}
+    update, cpu = rl.policy_update, []
+
+    def timed_update(*args, **kwargs):
+        t0 = time.process_time()
+        metrics = update(*args, **kwargs)
+        cpu.append(time.process_time() - t0)
+        return metrics
+
+    rl.policy_update = timed_update
+    with tempfile.TemporaryDirectory() as tmp:
+        c = build_components(agentgrad_config(model_dir), Path(tmp))
+        c.learner.set_lr(LR)
+        state, lean = start_rl(c), c.learner.lean
+        for step in range(steps + 1):
+            before = copy.deepcopy(c.learner.state_dict())
+            for name in (("shared prefix", "plain") if step % 2 else ("plain", "shared prefix")):
+                c.learner.load_state_dict(before)
+                c.learner.lean = lean if name == "shared prefix" else None
+                m = rl_step(c, step, state, None)
+                if m["train/updates"] != EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH):
+                    raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?)")
+                if step:
+                    out[name].append(m["perf/step_s"] - m["perf/rollout_s"])
+                    out[f"{name} cpu"].append(cpu[-1])
+    rl.policy_update = update
+    return out
 
 
 def trl_steps(model_dir: Path, steps: int, threads: int) -> list[float]:
@@ -143,6 +189,8 @@ def main() -> None:
                     "step, before and after TRL's)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--shared-vs-plain", action="store_true", help="no TRL: agentgrad's update with and without "
+                    "the shared-prefix forward, on the same steps from the same weights, alternating")
     args = ap.parse_args()
     import os
     import warnings
@@ -154,6 +202,16 @@ def main() -> None:
     quiet_hf()
     set_threads(args.threads)
     model_dir = bc_model_dir(args.bc_steps)
+    if args.shared_vs_plain:
+        times = shared_vs_plain_updates(model_dir, args.steps)
+        rows = []
+        for kind in ("wall", "cpu"):
+            suffix = " cpu" if kind == "cpu" else ""
+            shared, plain = median(times["shared prefix" + suffix]), median(times["plain" + suffix])
+            rows.append((kind, f"{shared:.2f}", f"{plain:.2f}", f"{plain / shared:.2f}x"))
+        print(f"\nGRPO update seconds per step, median over {args.steps} steps, threads={args.threads}")
+        print(table(rows, ("seconds", "shared prefix", "plain forward", "speed-up")))
+        return
     ours_a, roll_a = agentgrad_steps(model_dir, args.steps)
     theirs = trl_steps(model_dir, args.steps, args.threads)
     set_threads(args.threads)

@@ -89,3 +89,16 @@ def test_target_kl_stops_the_remaining_updates_of_a_step(target_kl, expected_upd
     assert c.learner.steps == expected_updates
     assert metrics["train/updates"] == expected_updates
     assert metrics["train/kl_early_stops"] == float(expected_updates < 4)
+
+
+def test_minibatch_order_keeps_groups_together_when_the_group_size_divides_the_minibatch():
+    group_index = torch.tensor([2, 0, 1, 3, 0, 2, 1, 3, 2, 0, 1, 3])  # 4 groups of 3 rows, interleaved
+    order = rl.shuffled_rows(group_index, 6, torch.Generator().manual_seed(0))
+    assert sorted(order.tolist()) == list(range(12))
+    runs = group_index[order].view(4, 3)  # consecutive triples are whole groups: minibatches of 6 hold two
+    assert all(len(set(r.tolist())) == 1 for r in runs) and sorted(runs[:, 0].tolist()) == [0, 1, 2, 3]
+    assert torch.equal(order, rl.shuffled_rows(group_index, 6, torch.Generator().manual_seed(0)))  # seeded
+    # 3 does not divide 4, and groups of one row: the plain row shuffle, as before
+    for groups, size in ((group_index, 4), (torch.arange(12), 6)):
+        assert torch.equal(rl.shuffled_rows(groups, size, torch.Generator().manual_seed(0)),
+                           torch.randperm(12, generator=torch.Generator().manual_seed(0)))

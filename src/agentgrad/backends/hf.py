@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from agentgrad.algos.constrained import masked_token_logprobs
 from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
+from agentgrad.backends.shared_prefix import LeanForward, plan_shared_prefixes, shared_prefix_logits
 from agentgrad.batch import LogitMasks, TokenBatch
 
 
@@ -78,6 +79,12 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     """log p(token t | tokens < t) for every position; position 0 gets 0. Right-padded input. Tokens sampled
     under constrained decoding (`logit_masks`) are scored over their legal set, as they were sampled."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+    return score_logits(logits, input_ids, temperature, logit_masks)
+
+
+def score_logits(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
+                 logit_masks: LogitMasks | None = None) -> torch.Tensor:
+    """`token_logprobs` from the logits (B, T, V) of every position: (B, T), position 0 gets 0."""
     logits = logits[:, :-1, :].float()  # (B, T-1, V) predicts tokens 1..T-1
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -105,13 +112,22 @@ class TorchLearner:
                  betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4) -> None:
         self.model = model
         self.max_buckets = max_buckets
+        self.lean = LeanForward(model) if LeanForward.supports(model) else None
         self.grad_clip = grad_clip
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         """Per-token logprobs (B, T). Rows are run in length buckets (`length_buckets`): a rollout batch mixes
-        short and long episodes, and one padded forward wasted ~40% of its tokens on padding (measured)."""
+        short and long episodes, and one padded forward wasted ~40% of its tokens on padding (measured).
+        Rows of one group (`group_index`) that share a prefix (GRPO's samples of one prompt) run it once
+        (`backends.shared_prefix`); batches without such rows (BC) take the plain forward."""
         self.model.train()
+        plan = plan_shared_prefixes(batch) if self.lean is not None else None
+        if plan is not None:
+            buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
+            logits = shared_prefix_logits(self.lean, batch, plan, buckets)  # (B, T, V)
+            lp = score_logits(logits, batch.input_ids, temperature, batch.logit_masks)  # (B, T)
+            return lp.masked_fill(batch.attention_mask == 0, 0.0)
         lengths = batch.attention_mask.sum(1)  # (B,)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # (B, T)
         for rows in length_buckets(lengths, self.max_buckets):

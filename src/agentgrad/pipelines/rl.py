@@ -258,9 +258,21 @@ def minibatches(c: Components, batch: TokenBatch):
     algo = c.config.algo
     generator = torch.Generator().manual_seed(c.config.run.seed)
     for _ in range(algo.epochs_per_step):
-        order = torch.randperm(batch.num_sequences, generator=generator)
+        order = shuffled_rows(batch.group_index, algo.minibatch_size_episodes, generator)
         for start in range(0, batch.num_sequences, algo.minibatch_size_episodes):
             yield batch.select(order[start:start + algo.minibatch_size_episodes])
+
+
+def shuffled_rows(group_index: torch.Tensor, minibatch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """A random order of the rows (B,) that shuffles whole groups when all groups have one size (> 1) dividing
+    the minibatch size, so a group's samples share a minibatch and the learner runs their prompt once
+    (`backends.shared_prefix`); otherwise a shuffle of single rows."""
+    _, rows_per_group = torch.unique(group_index, return_counts=True)  # (G,)
+    size = int(rows_per_group[0])
+    if size == 1 or minibatch_size % size or bool((rows_per_group != size).any()):
+        return torch.randperm(len(group_index), generator=generator)
+    by_group = torch.argsort(group_index, stable=True).view(-1, size)  # (G, size) row ids, a group per line
+    return by_group[torch.randperm(len(by_group), generator=generator)].flatten()  # (B,)
 
 
 def policy_loss(c: Components, mb: TokenBatch, kl_coef: float) -> tuple[torch.Tensor, dict[str, float]]:

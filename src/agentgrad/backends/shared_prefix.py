@@ -1,0 +1,154 @@
+"""Learner logprobs that compute each group's shared prefix once.
+
+The samples of a GRPO group share their prompt (~60 of ~110 tokens in the default run), so a plain forward over
+a minibatch of whole groups runs every prompt token once per sample. Here the longest prefix that all rows of a
+group have in common runs once per group; each row then runs only its continuation, attending to the prefix's
+keys and values (indexed per row, so gradients flow back into the one prefix computation), and every token is
+scored from the same logits as in a plain forward. Exact: only truly identical prefixes are shared.
+
+The forward is `LeanForward`, the training counterpart of the rollout engine's `LeanDecoder` (Llama-family models,
+autograd through the model's own parameters): transformers' modules take no keys/values of another row, and at
+this model width their wrappers cost more than the arithmetic. Other architectures use the plain path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from agentgrad.backends.hf_engine import LeanDecoder
+from agentgrad.batch import TokenBatch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (N, kv_heads, L, head_dim), after RoPE
+
+
+@dataclass(frozen=True)
+class PrefixPlan:
+    """Which rows share which prefix: row b's tokens [0, prefix_len[source[b]]) are row source[b] of
+    `prefix_ids`, and only tokens from there on run per row."""
+
+    prefix_ids: torch.Tensor  # (P, S) long, right-padded
+    prefix_len: torch.Tensor  # (P,) long, >= 1
+    source: torch.Tensor  # (B,) long, row of `prefix_ids` holding row b's prefix
+    lengths: torch.Tensor  # (B,) long, real tokens per row
+
+
+def plan_shared_prefixes(batch: TokenBatch) -> PrefixPlan | None:
+    """The longest prefix all rows of each group (`group_index`) have in common, capped so that every row keeps
+    at least one token of its own. None when no two rows share a token (e.g. BC batches, one row per group):
+    those batches keep the plain forward, bit for bit."""
+    ids, lengths = batch.input_ids, batch.attention_mask.sum(1)  # (B, T), (B,)
+    groups, source = torch.unique(batch.group_index, return_inverse=True)  # (P,), (B,)
+    P, (B, T) = len(groups), ids.shape
+    if P == B:
+        return None
+    dev = ids.device
+    first = torch.full((P,), B, device=dev).scatter_reduce(0, source, torch.arange(B, device=dev), "amin")  # (P,)
+    positions = torch.arange(T, device=dev)
+    same = (ids == ids[first[source]]) & (positions < lengths[:, None])  # (B, T) agrees with its group's 1st row
+    common = same.long().cumprod(1).sum(1)  # (B,) length of the agreeing prefix
+    shortest = torch.full((P,), T, device=dev).scatter_reduce(0, source, lengths, "amin")  # (P,)
+    prefix_len = torch.full((P,), T, device=dev).scatter_reduce(0, source, common, "amin")  # (P,)
+    prefix_len = torch.minimum(prefix_len, shortest - 1)
+    shared = (torch.bincount(source, minlength=P) > 1) & (prefix_len > 0)  # (P,)
+    if not bool(shared.any()):
+        return None
+    S = int(prefix_len.max())
+    prefix_ids = ids[first, :S].masked_fill(positions[None, :S] >= prefix_len[:, None], 0)  # (P, S)
+    return PrefixPlan(prefix_ids, prefix_len, source, lengths)
+
+
+class LeanForward:
+    """A Llama-family decoder stack as plain tensor ops with autograd: RMSNorm, q/k/v with RoPE, grouped-query
+    softmax attention under an explicit mask, SwiGLU MLP (the numerics of the HF modules; tests compare)."""
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        return LeanDecoder.supports(model) and not getattr(model.config, "attention_dropout", 0.0)
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        cfg = model.config
+        self.body = getattr(model, model.base_model_prefix)
+        self.head = model.get_output_embeddings()
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = float(getattr(self.body.norm, "variance_epsilon", None) or getattr(self.body.norm, "eps", 1e-6))
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
+                 past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """Logits (N, q, V) of ids (N, q) at `positions` (N, q), attending to `past` keys then its own under
+        `bias` (N, 1, 1, q, L_past + q) (0 or -inf); also returns each layer's keys/values of these ids."""
+        N, q = ids.shape
+        nh, kvh, d = self.heads, self.kv_heads, self.head_dim
+        g, H = nh // kvh, self.body.config.hidden_size
+        x = F.embedding(ids, self.body.embed_tokens.weight)  # (N, q, H)
+        cos, sin = self.body.rotary_emb(x, positions)  # (N, q, d)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # (N, q, 1, d)
+        half = d // 2
+        kv: KV = []
+        for li, layer in enumerate(self.body.layers):
+            a, m = layer.self_attn, layer.mlp
+            h = F.rms_norm(x, (H,), layer.input_layernorm.weight, self.eps)
+            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            qkv_b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None
+            qkv = F.linear(h, qkv_w, qkv_b).view(N, q, nh + 2 * kvh, d)  # (N, q, heads, d)
+            qk = qkv[:, :, : nh + kvh]
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # RoPE, queries and keys
+            k = qk[:, :, nh:].transpose(1, 2)  # (N, kvh, q, d)
+            v = qkv[:, :, nh + kvh:].transpose(1, 2)  # (N, kvh, q, d)
+            kv.append((k, v))
+            if past is not None:
+                k, v = torch.cat([past[li][0], k], dim=2), torch.cat([past[li][1], v], dim=2)  # (N, kvh, L, d)
+            L = k.shape[2]
+            qg = qk[:, :, :nh].permute(0, 2, 1, 3).reshape(N, kvh, g * q, d)  # a kv head's query heads together
+            scores = (qg @ k.transpose(-1, -2)).view(N, kvh, g, q, L) * d ** -0.5 + bias
+            attn = scores.softmax(-1).view(N, kvh, g * q, L) @ v  # (N, kvh, g*q, d)
+            attn = attn.view(N, nh, q, d).transpose(1, 2).reshape(N, q, nh * d)
+            x = x + a.o_proj(attn)
+            h = F.rms_norm(x, (H,), layer.post_attention_layernorm.weight, self.eps)
+            gate, up = F.linear(h, torch.cat([m.gate_proj.weight, m.up_proj.weight])).chunk(2, dim=-1)
+            x = x + m.down_proj(F.silu(gate) * up)
+        return self.head(F.rms_norm(x, (H,), self.body.norm.weight, self.eps)).float(), kv
+
+
+def _causal_bias(past_len: torch.Tensor, q: int, past_width: int) -> torch.Tensor:
+    """(N, 1, 1, q, past_width + q) attention bias: a row's first `past_len` past keys, then its own keys up to
+    the query (right padding sits after every real query, so it is never attended)."""
+    N, dev = len(past_len), past_len.device
+    keys = torch.arange(past_width + q, device=dev)  # (L,)
+    query = torch.arange(q, device=dev)[:, None]  # (q, 1)
+    own = (keys >= past_width) & (keys - past_width <= query)  # (q, L)
+    past = keys[None, None, :] < past_len[:, None, None]  # (N, 1, L)
+    allowed = own[None] | past  # (N, q, L)
+    return torch.zeros((N, 1, 1, q, past_width + q), device=dev).masked_fill(~allowed[:, None, None], float("-inf"))
+
+
+def shared_prefix_logits(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
+                         buckets: list[torch.Tensor]) -> torch.Tensor:
+    """Logits (B, T, V) of every row, each position exactly as a plain forward computes it: positions before a
+    row's prefix length from its group's prefix run, the rest from its own continuation run. `buckets` splits
+    the rows (continuations of similar length run together)."""
+    P, S = plan.prefix_ids.shape
+    T = batch.input_ids.shape[1]
+    cols = torch.arange(max(S, T), device=batch.input_ids.device)
+    prefix_logits, prefix_kv = forward(plan.prefix_ids, cols[:S].expand(P, S),
+                                       _causal_bias(torch.zeros_like(plan.prefix_len), S, 0))  # (P, S, V)
+    start = plan.prefix_len[plan.source]  # (B,) first position each row runs itself
+    tables, offset = [prefix_logits.flatten(0, 1)], P * S
+    where = plan.source[:, None] * S + cols[None, :T]  # (B, T) row in the flat logit table
+    for rows in buckets:
+        own = plan.lengths[rows] - start[rows]  # (b,)
+        q = int(own.max())
+        positions = start[rows, None] + cols[None, :q]  # (b, q)
+        ids = batch.input_ids[rows].gather(1, positions.clamp(max=T - 1))  # (b, q); past the end: ignored
+        past = [(k[plan.source[rows]], v[plan.source[rows]]) for k, v in prefix_kv]  # (b, kvh, S, d) per layer
+        logits, _ = forward(ids, positions, _causal_bias(start[rows], q, S), past)  # (b, q, V)
+        tables.append(logits.flatten(0, 1))
+        t = cols[None, :T] - start[rows, None]  # (b, T) index into the row's continuation
+        own_rows = offset + torch.arange(len(rows), device=cols.device)[:, None] * q + t.clamp(0, q - 1)
+        where[rows] = torch.where(t >= 0, own_rows, where[rows])
+        offset += len(rows) * q
+    return torch.cat(tables)[where]  # (B, T, V)
