@@ -4,8 +4,9 @@ The peer is the hardware: FLOP/s of a large fp32 matmul (torch.mm, n=1024) measu
 is agentgrad's GRPO update (TorchLearner: forward, clipped loss, backward, AdamW) over a real rollout batch of
 128 arithmetic episodes, in minibatches of 64 as the default run does. Model FLOPs per trained token:
 6 * N (N = non-embedding parameters + the tied lm head, V * H) + 12 * layers * H * ctx (attention scores and
-values, forward and backward, ctx = mean attended length = half the sequence), counted on real tokens only, so
-padding is waste. The default width (128) and a wider model (512) on the same tokens show how the fraction grows
+values, forward and backward, ctx = mean attended length = half the sequence), counted on the tokens the
+forward really runs (a group's shared prompt once, `backends.shared_prefix`; padding is waste). "trained tok/s"
+counts every row's tokens, what the user gets. The default width (128) and a wider model (512) on the same tokens show how the fraction grows
 with the matmul sizes.
 
     nice -n 19 python benchmarks/train_mfu.py [--threads 1 2] [--widths 128 512]
@@ -43,12 +44,30 @@ def model_flops_per_token(model, batch) -> float:
     return 6 * n + 12 * layers * H * ctx
 
 
-def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> tuple[float, float]:
-    """(real tokens/s, computed tokens/s, padding included) of clipped-loss updates over the batch."""
-    from agentgrad.algos.losses import ppo_clip_loss
+def computed_tokens(learner, mb) -> tuple[int, int, int]:
+    """(trained tokens, tokens the forward really runs, the same with padding) of one minibatch. With a shared
+    prefix (`backends.shared_prefix`) a group's common prompt runs once, so it is counted once: the FLOP rate
+    is what the machine did, while trained tokens/s is what the user gets."""
     from agentgrad.backends.hf import length_buckets
+    from agentgrad.backends.shared_prefix import plan_shared_prefixes
 
-    real = padded = 0
+    lengths = mb.attention_mask.sum(1)  # (b,)
+    plan = plan_shared_prefixes(mb) if learner.lean is not None else None
+    if plan is None:
+        padded = sum(len(rows) * int(lengths[rows].max()) for rows in length_buckets(lengths, learner.max_buckets))
+        return int(lengths.sum()), int(lengths.sum()), padded
+    tails = lengths - plan.prefix_len[plan.source]  # (b,)
+    padded = int(plan.prefix_len.max()) * len(plan.prefix_len) + sum(
+        len(rows) * int(tails[rows].max()) for rows in length_buckets(tails, learner.max_buckets))
+    ran = int(plan.prefix_len.sum() + tails.sum())
+    return int(lengths.sum()), ran, padded
+
+
+def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> tuple[float, float, float]:
+    """(trained tokens/s, run tokens/s, run tokens/s padding included) of clipped-loss updates over the batch."""
+    from agentgrad.algos.losses import ppo_clip_loss
+
+    trained = ran = padded = 0
     t0 = time.perf_counter()
     for _ in range(epochs):
         for start in range(0, batch.num_sequences, minibatch):
@@ -57,11 +76,10 @@ def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> 
             loss = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=0.2,
                                  clip_high=0.28, agg="token-mean").loss
             learner.step(loss)
-            lengths = mb.attention_mask.sum(1)
-            real += int(lengths.sum())
-            padded += sum(len(rows) * int(lengths[rows].max()) for rows in length_buckets(lengths, learner.max_buckets))
+            counts = computed_tokens(learner, mb)
+            trained, ran, padded = trained + counts[0], ran + counts[1], padded + counts[2]
     dt = time.perf_counter() - t0
-    return real / dt, padded / dt
+    return trained / dt, ran / dt, padded / dt
 
 
 def main() -> None:
@@ -108,13 +126,14 @@ def main() -> None:
             set_threads(threads)
             train_tokens_per_s(learner, batch, epochs=1)  # warm-up
             peak = matmul_flops()
-            real, padded = train_tokens_per_s(learner, batch)
+            trained, real, padded = train_tokens_per_s(learner, batch)
             peak = (peak + matmul_flops()) / 2
-            rows.append((str(width), f"{params:.2f}M", str(threads), f"{peak / 1e9:.1f}", f"{real:.0f}",
-                         f"{real / padded:.0%}", f"{real * per_token / 1e9:.2f}", f"{real * per_token / peak:.1%}"))
+            rows.append((str(width), f"{params:.2f}M", str(threads), f"{peak / 1e9:.1f}", f"{trained:.0f}",
+                         f"{real:.0f}", f"{real / padded:.0%}", f"{real * per_token / 1e9:.2f}",
+                         f"{real * per_token / peak:.1%}"))
     print(f"\nGRPO update on {batch.num_sequences} episodes ({int(batch.attention_mask.sum())} real tokens, "
           f"{batch.attention_mask.numel()} padded to one width), minibatch 64, length buckets <= {args.buckets}")
-    print(table(rows, ("width", "params", "threads", "matmul GFLOP/s", "train tok/s", "real/padded",
+    print(table(rows, ("width", "params", "threads", "matmul GFLOP/s", "trained tok/s", "run tok/s", "real/padded",
                        "model GFLOP/s", "fraction of matmul (target >= 50%)")))
 
 
