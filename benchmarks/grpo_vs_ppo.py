@@ -9,7 +9,7 @@ rollout success reaches a threshold, final held-out greedy success (the same 100
 run), and the fraction of zero-signal groups. Results are appended to a JSONL file as runs finish, so a
 partial run still reports.
 
-    nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py [--seeds 3] [--budget-tokens 200000] [--out DIR]
+    nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py [--seeds 3] [--budget-tokens 150000] [--starts 0.05 ...] [--out DIR]
     nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py --table DIR/results.jsonl   # table only
 """
 
@@ -199,7 +199,7 @@ def sweep(args: argparse.Namespace) -> list[RunResult]:
     done = {(r.start, r.algo, r.seed) for r in read_results(results)} if results.exists() else set()
     rows = []
     for seed in range(args.seeds):  # seeds outermost: a cut-short run still has every cell once
-        for start in starts:
+        for start in [s for s in starts if s.target in args.starts]:
             for algo in args.algos:
                 if (start.target, algo, seed) in done:
                     continue
@@ -217,8 +217,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
-    ap.add_argument("--budget-tokens", type=int, default=200_000,
-                    help="Generated tokens per run (about 2,000 per step of 64 episodes).")
+    ap.add_argument("--starts", type=float, nargs="+", default=list(TARGETS), choices=TARGETS,
+                    help="Targets of the starts to train from (all by default).")
+    ap.add_argument("--budget-tokens", type=int, default=150_000,
+                    help="Generated tokens per run, resampling rounds included (1,800 to 7,000 per step here).")
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.2, 0.5],
                     help="Rolling rollout successes whose first crossing the table reports (steps and tokens).")
     ap.add_argument("--window", type=int, default=5, help="Steps in the rolling mean (and in the last-steps column).")
