@@ -153,10 +153,10 @@ def steps_to(trace: list[float], threshold: float, window: int) -> int | None:
 def _steps_cell(rs: list[RunResult], threshold: float, window: int) -> str:
     hits = [(h, r.tokens_cumulative[h - 1]) for r in rs if (h := steps_to(r.rollout_success, threshold, window))]
     if not hits:
-        return f"not reached (0/{len(rs)})"
+        return f"- (0/{len(rs)})"
     steps = statistics.fmean(h for h, _ in hits)
     ktokens = statistics.fmean(t for _, t in hits) / 1000
-    return f"{steps:.1f} ({ktokens:.0f}k tokens; {len(hits)}/{len(rs)} reached)"
+    return f"{steps:.1f} / {ktokens:.0f}k ({len(hits)}/{len(rs)})"
 
 
 def _mean_sd(xs: list[float]) -> str:
@@ -167,7 +167,7 @@ def table(rows: list[RunResult], thresholds: list[float], window: int) -> str:
     by = defaultdict(list)
     for r in rows:
         by[(r.start, r.algo)].append(r)
-    reach = "".join(f" steps to rollout success >= {t:.0%} |" for t in thresholds)
+    reach = "".join(f" >= {t:.0%}: steps / tokens (runs) |" for t in thresholds)
     lines = [f"| start: target (held-out) | algo | seeds |{reach} final held-out (mean ± sd) | "
              f"rollout success, last {window} steps | zero-signal groups |", "|---" * (6 + len(thresholds)) + "|"]
     for (start, algo), rs in sorted(by.items(), key=lambda kv: (kv[0][0], ALGOS.index(kv[0][1]))):
@@ -221,7 +221,7 @@ def main() -> None:
                     help="Targets of the starts to train from (all by default).")
     ap.add_argument("--budget-tokens", type=int, default=150_000,
                     help="Generated tokens per run, resampling rounds included (1,800 to 7,000 per step here).")
-    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.2, 0.5],
+    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.2, 0.5, 0.7],
                     help="Rolling rollout successes whose first crossing the table reports (steps and tokens).")
     ap.add_argument("--window", type=int, default=5, help="Steps in the rolling mean (and in the last-steps column).")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-grpo-vs-ppo"))
