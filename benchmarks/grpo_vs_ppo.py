@@ -169,13 +169,14 @@ def table(rows: list[RunResult], thresholds: list[float], window: int) -> str:
         by[(r.start, r.algo)].append(r)
     reach = "".join(f" >= {t:.0%}: steps / tokens (runs) |" for t in thresholds)
     lines = [f"| start: target (held-out) | algo | seeds |{reach} final held-out (mean ± sd) | "
-             f"rollout success, last {window} steps | zero-signal groups |", "|---" * (6 + len(thresholds)) + "|"]
+             f"rollout success, first -> last {window} steps | zero-signal groups |", "|---" * (6 + len(thresholds)) + "|"]
     for (start, algo), rs in sorted(by.items(), key=lambda kv: (kv[0][0], ALGOS.index(kv[0][1]))):
+        first = statistics.fmean(statistics.fmean(r.rollout_success[:window]) for r in rs)
         last = [statistics.fmean(r.rollout_success[-window:]) for r in rs]
         zero = statistics.fmean(r.zero_signal_fraction for r in rs)
         reached = "".join(f" {_steps_cell(rs, t, window)} |" for t in thresholds)
         lines.append(f"| {start:.0%} ({rs[0].start_heldout:.0%}) | {algo} | {len(rs)} |{reached} "
-                     f"{_mean_sd([r.final_heldout for r in rs])} | {_mean_sd(last)} | {zero:.0%} |")
+                     f"{_mean_sd([r.final_heldout for r in rs])} | {first:.0%} -> {_mean_sd(last)} | {zero:.0%} |")
     return "\n".join(lines)
 
 
