@@ -38,7 +38,7 @@ from agentgrad.pipelines.evaluate import evaluate
 from agentgrad.pipelines.schedule import STAGES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from test_train_tiny import FAST  # noqa: E402  the tiny fast shape the integration tests use
+from test_train_tiny import FAST  # the tiny fast shape the integration tests use
 
 ALGOS = ("grpo", "ppo", "rloo", "rest")
 TARGETS = (0.05, 0.20, 0.50)
@@ -168,8 +168,9 @@ def table(rows: list[RunResult], thresholds: list[float], window: int) -> str:
     for r in rows:
         by[(r.start, r.algo)].append(r)
     reach = "".join(f" >= {t:.0%}: steps / tokens (runs) |" for t in thresholds)
-    lines = [f"| start: target (held-out) | algo | seeds |{reach} final held-out (mean ± sd) | "
-             f"rollout success, first -> last {window} steps | zero-signal groups |", "|---" * (6 + len(thresholds)) + "|"]
+    header = (f"| start: target (held-out) | algo | seeds |{reach} final held-out (mean ± sd) | "
+              f"rollout success, first -> last {window} steps | zero-signal groups |")
+    lines = [header, "|---" * (6 + len(thresholds)) + "|"]
     for (start, algo), rs in sorted(by.items(), key=lambda kv: (kv[0][0], ALGOS.index(kv[0][1]))):
         first = statistics.fmean(statistics.fmean(r.rollout_success[:window]) for r in rs)
         last = [statistics.fmean(r.rollout_success[-window:]) for r in rs]
