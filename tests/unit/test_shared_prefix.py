@@ -85,7 +85,7 @@ def test_plan_shares_the_longest_common_prefix_of_each_group_and_leaves_ungroupe
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-@pytest.mark.parametrize("temperature,with_masks", [(1.0, False), (0.7, True)])
+@pytest.mark.parametrize("temperature,with_masks", [(1.0, False), (0.7, False), (0.7, True)])
 def test_shared_prefix_logprobs_and_gradients_equal_the_plain_forward(kind, temperature, with_masks):
     model = _model(kind)
     batch = _grouped_batch(with_masks)

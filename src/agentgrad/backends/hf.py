@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from agentgrad.algos.constrained import masked_token_logprobs
 from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
-from agentgrad.backends.shared_prefix import LeanForward, plan_shared_prefixes, shared_prefix_logits
+from agentgrad.backends.shared_prefix import (LeanForward, plan_shared_prefixes, shared_prefix_logits,
+                                              shared_prefix_logprobs)
 from agentgrad.batch import LogitMasks, TokenBatch
 
 
@@ -125,8 +126,11 @@ class TorchLearner:
         plan = plan_shared_prefixes(batch) if self.lean is not None else None
         if plan is not None:
             buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
-            logits = shared_prefix_logits(self.lean, batch, plan, buckets)  # (B, T, V)
-            lp = score_logits(logits, batch.input_ids, temperature, batch.logit_masks)  # (B, T)
+            if batch.logit_masks is None:  # skips expanding the logits to (B, T, V) and normalising duplicates
+                lp = shared_prefix_logprobs(self.lean, batch, plan, buckets, temperature)  # (B, T)
+            else:
+                logits = shared_prefix_logits(self.lean, batch, plan, buckets)  # (B, T, V)
+                lp = score_logits(logits, batch.input_ids, temperature, batch.logit_masks)  # (B, T)
             return lp.masked_fill(batch.attention_mask == 0, 0.0)
         lengths = batch.attention_mask.sum(1)  # (B,)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # (B, T)

@@ -131,6 +131,28 @@ def shared_prefix_logits(forward: LeanForward, batch: TokenBatch, plan: PrefixPl
     """Logits (B, T, V) of every row, each position exactly as a plain forward computes it: positions before a
     row's prefix length from its group's prefix run, the rest from its own continuation run. `buckets` splits
     the rows (continuations of similar length run together)."""
+    table, where = shared_prefix_table(forward, batch, plan, buckets)
+    return table[where]  # (B, T, V)
+
+
+def shared_prefix_logprobs(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan, buckets: list[torch.Tensor],
+                           temperature: float = 1.0) -> torch.Tensor:
+    """`score_logits(shared_prefix_logits(...))` without logit masks, without expanding the logits to (B, T, V):
+    each distinct logit row (a group's prompt positions are shared by its rows) is normalised once, and only
+    the target token's logit is gathered per position. Same arithmetic per element: (B, T), position 0 gets 0."""
+    table, where = shared_prefix_table(forward, batch, plan, buckets)  # (N, V), (B, T)
+    table = table.float()
+    if temperature > 0 and temperature != 1.0:
+        table = table / temperature
+    lse = torch.logsumexp(table, dim=-1)  # (N,)
+    rows, targets = where[:, :-1], batch.input_ids[:, 1:]  # (B, T-1): position t predicts token t + 1
+    return F.pad(table[rows, targets] - lse[rows], (1, 0))  # (B, T)
+
+
+def shared_prefix_table(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
+                        buckets: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct logit rows (N, V) the prefix and continuation runs produce, and for every position of every
+    row the index of its logits in that table (B, T)."""
     P, S = plan.prefix_ids.shape
     T = batch.input_ids.shape[1]
     cols = torch.arange(max(S, T), device=batch.input_ids.device)
@@ -151,4 +173,4 @@ def shared_prefix_logits(forward: LeanForward, batch: TokenBatch, plan: PrefixPl
         own_rows = offset + torch.arange(len(rows), device=cols.device)[:, None] * q + t.clamp(0, q - 1)
         where[rows] = torch.where(t >= 0, own_rows, where[rows])
         offset += len(rows) * q
-    return torch.cat(tables)[where]  # (B, T, V)
+    return torch.cat(tables), where  # (N, V), (B, T)
