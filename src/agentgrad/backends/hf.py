@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from agentgrad.algos.constrained import masked_token_logprobs
-from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
+from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
 from agentgrad.batch import LogitMasks, TokenBatch
 
@@ -38,13 +38,13 @@ class HFPolicy:
 
     @contextlib.contextmanager
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                max_sequences: int, max_tokens: int) -> Iterator[HFSession]:
+                max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> Iterator[HFSession]:
         was_training = self.model.training
         self.model.eval()
         try:
             yield HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                             cache_kw=self._cache_kw, max_sequences=max_sequences, max_tokens=max_tokens,
-                            logits_processor=logits_processor)
+                            logits_processor=logits_processor, pause=pause)
         finally:
             if was_training:
                 self.model.train()
