@@ -42,6 +42,34 @@ class LogitMasks:
 
 
 @dataclass(frozen=True)
+class HeadBatch:
+    """The factored head's decisions in a list of trajectories (`Trajectory.head_decisions`), one row each."""
+
+    row: torch.Tensor  # (D,) long: which trajectory
+    position: torch.Tensor  # (D,) long: the token whose hidden state the head read
+    tool: torch.Tensor  # (D,) long: the chosen tool, an index into the head's tool names
+    legal: torch.Tensor  # (D, N) bool: the tools legal at that decision
+    old_logprob: torch.Tensor  # (D,) float: the behaviour policy's log p(category) + log p(tool | category)
+
+
+def collate_head(trajs: Sequence[Trajectory], tool_names: Sequence[str]) -> HeadBatch:
+    """Head decisions as tensors over the head's tool list (which the trajectories, being plain data, do not
+    know). A decision naming a tool the head lacks is an error: the head could never have made it."""
+    index = {n: i for i, n in enumerate(tool_names)}
+    rows = [(b, d) for b, t in enumerate(trajs) for d in t.head_decisions]
+    unknown = {d.tool for _, d in rows} - index.keys()
+    if unknown:
+        raise ValueError(f"head decisions name tools the head does not have: {sorted(unknown)[:5]}")
+    legal = torch.zeros((len(rows), len(tool_names)), dtype=torch.bool)  # (D, N)
+    for k, (_, d) in enumerate(rows):
+        legal[k, [index[n] for n in d.legal if n in index]] = True
+    return HeadBatch(row=torch.tensor([b for b, _ in rows], dtype=torch.long),
+                     position=torch.tensor([d.position for _, d in rows], dtype=torch.long),
+                     tool=torch.tensor([index[d.tool] for _, d in rows], dtype=torch.long), legal=legal,
+                     old_logprob=torch.tensor([d.logprob for _, d in rows], dtype=torch.float32))
+
+
+@dataclass(frozen=True)
 class TokenBatch:
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long, 1 on real tokens

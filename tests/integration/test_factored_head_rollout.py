@@ -110,3 +110,29 @@ def test_expert_demos_mark_names_as_head_decisions(loaded_tiny, codec):
     named = sum(d.end - d.position - 1 for d in demo.head_decisions)
     assert sum(plain.loss_mask) - sum(demo.loss_mask) == named > 0
     assert set(demo.head_decisions[0].legal) == PUBLIC and len(demo.head_decisions[-1].legal) == len(catalog())
+
+
+def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
+    """`agentgrad train env=api-catalog rollout.action_head=factored`: BC moves the head's weights (its loss is
+    beside the LM's), the checkpoint holds them (tool_head.pt), and a run built from it loads them."""
+    from agentgrad.config import build_config
+    from agentgrad.pipelines.components import build_components
+    from agentgrad.pipelines.train import train
+
+    config = build_config(overrides=[
+        "env=api-catalog", "rollout.action_head=factored", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+        "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+        "model.tiny.tokenizer_corpus_episodes=50", "bc.steps=3", "bc.batch_size_episodes=4", "bc.num_demos=8",
+        "bc.stop_at_success=null", "algo.steps=1", "algo.tasks_per_step=2", "algo.group_size=2",
+        "algo.epochs_per_step=1", "eval.num_tasks=2", "run.progress=false", "run.threads=1",
+        f"run.output_dir={tmp_path}", "run.name=run"])
+    summary = train(config)
+    run_dir = tmp_path / "run"
+    rows = [__import__("json").loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss/bc_head" in r for r in rows if r["stage"] == "bc")
+    fresh = build_components(config, tmp_path / "fresh")
+    saved = build_components(config, tmp_path / "x", model_path=run_dir / "checkpoints" / "bc")
+    assert (run_dir / "checkpoints" / "final" / "tool_head.pt").exists()
+    assert saved.tool_head is not None and saved.policy.tool_head is saved.tool_head
+    assert not torch.equal(saved.tool_head.tool_head.weight, fresh.tool_head.tool_head.weight)
+    assert summary["bc_steps"] == 3

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from agentgrad.algos.constrained import masked_token_logprobs
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
-from agentgrad.backends.hf_engine import HFSession
+from agentgrad.backends.hf_engine import HFSession, _model_parts
 from agentgrad.batch import LogitMasks, TokenBatch
 
 
@@ -30,8 +30,10 @@ class HFPolicy:
     sequences joining and leaving between decode steps. `generate` is a one-turn session over its prompts.
     """
 
-    def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                 tool_head: torch.nn.Module | None = None) -> None:
         self.model = model
+        self.tool_head = tool_head  # a factored action head the agent loop asks (rollout.action_head=factored)
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
         self._cache_kw = _cache_kwarg(model)
@@ -88,6 +90,22 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return F.pad(lp, (1, 0))  # (B, T)
 
 
+def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                              temperature: float = 1.0, logit_masks: LogitMasks | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` (B, T) and the final-norm hidden states (B, T, H) from one forward: the states an
+    action head reads (the same ones the sampling engine hands it)."""
+    body, head = _model_parts(model)
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
+    logits = head(hidden)[:, :-1, :].float()  # (B, T-1, V)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    if logit_masks is not None:
+        logit_masks = LogitMasks(logit_masks.index[:, 1:], logit_masks.token_ids, logit_masks.allow)
+    lp = masked_token_logprobs(logits, input_ids[:, 1:], logit_masks)  # (B, T-1)
+    return F.pad(lp, (1, 0)), hidden
+
+
 def length_buckets(lengths: torch.Tensor, max_buckets: int) -> list[torch.Tensor]:
     """Split rows into at most `max_buckets` groups of similar length (sorted, equal counts), keeping a group
     only when it saves padding: a split costs one more forward, which dominates for small batches."""
@@ -102,11 +120,14 @@ class TorchLearner:
     """AdamW on a (colocated) model. `step` skips updates whose gradients are not finite and says so."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
-                 betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4,
+                 extra_modules: Sequence[torch.nn.Module] = ()) -> None:
+        """`extra_modules` (e.g. a factored tool head) are trained by the same optimizer and gradient clip."""
         self.model = model
         self.max_buckets = max_buckets
         self.grad_clip = grad_clip
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+        self.params = [*model.parameters(), *(p for m in extra_modules for p in m.parameters())]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         """Per-token logprobs (B, T). Rows are run in length buckets (`length_buckets`): a rollout batch mixes
@@ -122,10 +143,19 @@ class TorchLearner:
             out = out.index_put((rows,), F.pad(lp, (0, out.shape[1] - width)))
         return out
 
+    def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,
+                            temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token logprobs (B, T) and the hidden states at (rows[d], positions[d]): (D, H). One forward over
+        the whole batch (no length buckets): for BC of a factored head, whose demos are of similar length."""
+        self.model.train()
+        lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
+                                               batch.logit_masks)
+        return lp, hidden[rows, positions]
+
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:
             loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf)
         skipped = not torch.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()
