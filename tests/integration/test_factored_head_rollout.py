@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from agentgrad.backends.base import SamplingParams
-from agentgrad.backends.hf import HFPolicy
+from agentgrad.backends.hf import HFPolicy, TorchLearner
+from agentgrad.batch import collate
 from agentgrad.data.store import from_json, to_json
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
 from agentgrad.models.factored_head import FactoredToolHead
@@ -27,9 +30,6 @@ def _force_open(open_id):
 def _setup(loaded_tiny, codec):
     torch.manual_seed(0)
     head = FactoredToolHead(loaded_tiny.model.config.hidden_size, [(s.name, s.category) for s in catalog()])
-    with torch.no_grad():  # spread the untrained head's choices so "only legal tools" is tested on many tools
-        head.category_head.weight.mul_(30)
-        head.tool_head.weight.mul_(30)
     policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
     suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
     open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
@@ -48,7 +48,7 @@ def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny
     decisions = [(t, d) for t in trajs for d in t.head_decisions]
     assert len(decisions) >= len(trajs)
     assert {d.tool for _, d in decisions} <= PUBLIC
-    assert len({d.tool for _, d in decisions}) > 3
+    assert len({d.tool for _, d in decisions}) > 6  # the untrained head is near uniform over the legal tools
     for t, d in decisions:
         assert set(d.legal) == PUBLIC
         assert list(t.token_ids[d.position + 1:d.end]) == codec.encode(d.tool)
@@ -72,6 +72,21 @@ def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny
             assert abs((log_p_cat + log_p_tool).item() - d.logprob) < 1e-4
             assert abs(head(hidden[None], legal)[0, k].item() - d.logprob) < 1e-4
     assert all(from_json(to_json(t)) == t for t in trajs)
+
+    # RL: the learner scores each decision as one more action (at the name's first token) with the head
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_tools=head.tool_names)
+    learner = TorchLearner(copy.deepcopy(loaded_tiny.model), lr=1e-2, tool_head=head)  # the fixture stays as is
+    lp = learner.logprobs(batch, temperature=1.0)  # (B, T)
+    at = (batch.head.row, batch.head.score_position)
+    assert batch.loss_mask[at].eq(1).all()
+    torch.testing.assert_close(lp[at], batch.old_logprobs[at], atol=1e-4, rtol=0)
+    torch.testing.assert_close(batch.old_logprobs[at], torch.tensor([d.logprob for _, d in decisions]))
+    forced = torch.zeros_like(batch.loss_mask)
+    forced[torch.arange(len(trajs)), [t.prompt_length for t in trajs]] = 1  # the forced <tool_call> token
+    assert ((lp - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs().max() < 1e-4  # exact ratios
+    before = head.tool_head.weight.detach().clone()
+    learner.step(-(lp * batch.loss_mask).sum())  # a policy-gradient step reaches the head
+    assert not torch.equal(before, head.tool_head.weight)
 
 
 def test_greedy_head_takes_the_argmax_and_seeded_rollouts_repeat(loaded_tiny, codec):

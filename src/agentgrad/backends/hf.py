@@ -121,18 +121,22 @@ class TorchLearner:
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4,
-                 extra_modules: Sequence[torch.nn.Module] = ()) -> None:
-        """`extra_modules` (e.g. a factored tool head) are trained by the same optimizer and gradient clip."""
+                 tool_head: torch.nn.Module | None = None) -> None:
+        """`tool_head` (a factored action head) is trained by the same optimizer and gradient clip, and scores
+        the head decisions of batches that carry them (`TokenBatch.head`)."""
         self.model = model
+        self.tool_head = tool_head
         self.max_buckets = max_buckets
         self.grad_clip = grad_clip
-        self.params = [*model.parameters(), *(p for m in extra_modules for p in m.parameters())]
+        self.params = [*model.parameters(), *(tool_head.parameters() if tool_head is not None else ())]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         """Per-token logprobs (B, T). Rows are run in length buckets (`length_buckets`): a rollout batch mixes
         short and long episodes, and one padded forward wasted ~40% of its tokens on padding (measured)."""
         self.model.train()
+        if batch.head is not None and self.tool_head is not None:
+            return self._logprobs_with_head(batch, temperature)
         lengths = batch.attention_mask.sum(1)  # (B,)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # (B, T)
         for rows in length_buckets(lengths, self.max_buckets):
@@ -142,6 +146,17 @@ class TorchLearner:
                                 temperature, masks)  # (b, width)
             out = out.index_put((rows,), F.pad(lp, (0, out.shape[1] - width)))
         return out
+
+    def _logprobs_with_head(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
+        """Token logprobs (B, T) with each head decision's log p(category) + log p(tool | category) (tempered as
+        at sampling) at its score position, recomputed from the hidden state the head read. One forward."""
+        lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
+                                               batch.logit_masks)  # (B, T), (B, T, H)
+        h = batch.head
+        logp = self.tool_head(hidden[h.row, h.position], h.legal)  # (D, N)
+        if temperature > 0 and temperature != 1.0:
+            logp = torch.log_softmax(logp / temperature, -1)
+        return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
 
     def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,
                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -103,13 +103,14 @@ class HeadCalls:
             self._name_ids[name] = self.codec.encode(name)
         return self._name_ids[name]
 
-    def decide(self, row: int, gen: Generation, position: int, masks: EpisodeMasks | None) -> list[int] | None:
+    def decide(self, row: int, gen: Generation, turn_start: int, masks: EpisodeMasks | None) -> list[int] | None:
         """A paused turn: choose the tool from `gen.hidden`, write its name in. Returns the ids to submit and
         continue with, or None when the turn budget has no room for the name and at least one more token.
-        `position` (the absolute index of the name's first token) keys the draw, so seeded runs repeat."""
+        The draw is keyed by (seed, row, the name's first position), so seeded runs repeat."""
         turn = self.turns[row]
         turn.ids += gen.token_ids
         turn.logprobs += gen.logprobs
+        position = turn_start + len(turn.ids)
         u = float(counter_uniform(self.seed, torch.tensor([row]), torch.tensor([position]))[0])
         with torch.no_grad():
             name, logprob = self.head.decide(gen.hidden, turn.legal, temperature=self.temperature, uniform=u)
