@@ -80,7 +80,8 @@ class RolloutConfig(_Section):
                                                        "factored: two classification heads on the hidden state at the "
                                                        "call position pick category then tool over the legal set, the "
                                                        "name is written in, arguments stay text (rollout/factored.py). "
-                                                       "Trained by BC (bc.head_loss_coef); RL does not train it yet.")
+                                                       "Trained by BC (bc.head_loss_coef) and RL (each decision is "
+                                                       "one more action).")
 
 
 class BCConfig(_Section):

@@ -7,7 +7,8 @@ The name is then one decision instead of several sampled tokens; arguments are s
 
 Wiring: `rollout.action_head=factored` makes the agent loop pause at the call position, ask `decide`, and
 write the name in (rollout/factored.py); BC trains the head beside the LM (pipelines/bc.py); its weights are
-saved as `tool_head.pt` next to the policy checkpoint. RL does not train it yet (docs/action-space.md).
+saved as `tool_head.pt` next to the policy checkpoint; RL scores its decisions as actions
+(`collate(head_tools=...)`, `TorchLearner(tool_head=...)`; docs/action-space.md).
 """
 
 from __future__ import annotations
