@@ -87,15 +87,17 @@ def main() -> None:
         base = build_config(overrides=["env=api-catalog", *kinds_override(args), *MODEL, f"run.seed={args.seed}"])
         model_dir = build_tiny_model_dir(base, make_suite(base), Path(tmp) / "base-model")
         rows = [arm(mode, args, model_dir, Path(tmp) / mode) for mode in ("tokens", "factored")]
-    print(f"api-catalog (kinds: {args.kinds or 'all'}), tiny model (64 wide, 2 layers), BC {args.bc_steps} steps x {args.batch} of {args.demos} "
-          f"demos, lr {args.lr}, seed {args.seed}; greedy on {args.eval_tasks} held-out tasks; one thread")
+    print(f"api-catalog (kinds: {args.kinds or 'all'}), tiny model (64 wide, 2 layers), BC {args.bc_steps} steps x "
+          f"{args.batch} of {args.demos} demos, lr {args.lr}, seed {args.seed}; greedy on {args.eval_tasks} held-out "
+          "tasks; one thread")
     print("| tool name by | held-out success (95% CI) | right tool (k-th call = expert's k-th) | LM tokens sampled "
           "per call | head decisions per call | calls / invalid calls per episode | BC wall s | eval wall s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['success']:.1%} ({r['low']:.1%}-{r['high']:.1%}, {r['wins']}/{r['n']}) "
               f"| {r['tool_accuracy']:.1%} | {r['tokens_per_call']:.2f} | {r['head_per_call']:.2f} "
-              f"| {r['calls_per_episode']:.2f} / {r['invalid_per_episode']:.2f} | {r['bc_s']:.0f} | {r['eval_s']:.0f} |")
+              f"| {r['calls_per_episode']:.2f} / {r['invalid_per_episode']:.2f} | {r['bc_s']:.0f} "
+              f"| {r['eval_s']:.0f} |")
 
 
 if __name__ == "__main__":

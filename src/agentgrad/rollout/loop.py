@@ -14,7 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from agentgrad.backends.base import Generation, LogitsProcessor, Policy, SamplingParams, SessionPolicy
+from agentgrad.backends.base import (DecodeSession, Generation, LogitsProcessor, Policy, SamplingParams,
+                                    SessionPolicy)
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
@@ -254,7 +255,7 @@ def _start_turn(masker: EpisodeMasks | None, i: int, ep: _Episode, calls: HeadCa
         calls.start_turn(i, ep.env.legal_actions(), budget)
 
 
-def _head_turn(calls: HeadCalls, session, masker: EpisodeMasks | None, i: int, ep: _Episode,
+def _head_turn(calls: HeadCalls, session: DecodeSession, masker: EpisodeMasks | None, i: int, ep: _Episode,
                gen: Generation) -> tuple[Generation, Sequence[HeadSpan]] | None:
     """A turn's generation under a factored head: None when the turn goes on (a name was chosen and written
     in), else the whole turn and its head decisions."""
