@@ -140,7 +140,7 @@ def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
         "model.tiny.tokenizer_corpus_episodes=50", "bc.steps=3", "bc.batch_size_episodes=4", "bc.num_demos=8",
         "bc.stop_at_success=null", "algo.steps=1", "algo.tasks_per_step=2", "algo.group_size=2",
         "algo.epochs_per_step=1", "eval.num_tasks=2", "run.progress=false", "run.threads=1",
-        f"run.output_dir={tmp_path}", "run.name=run"])
+        "run.checkpoint_every=1", f"run.output_dir={tmp_path}", "run.name=run"])
     summary = train(config)
     run_dir = tmp_path / "run"
     rows = [__import__("json").loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -151,3 +151,8 @@ def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
     assert saved.tool_head is not None and saved.policy.tool_head is saved.tool_head
     assert not torch.equal(saved.tool_head.tool_head.weight, fresh.tool_head.tool_head.weight)
     assert summary["bc_steps"] == 3
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "LATEST").read_text().strip()
+    assert (latest / "tool_head.pt").exists()
+    resumed = build_components(config, tmp_path / "y", model_path=latest)  # what --resume builds
+    final = build_components(config, tmp_path / "z", model_path=run_dir / "checkpoints" / "final")
+    assert torch.equal(resumed.tool_head.tool_head.weight, final.tool_head.tool_head.weight)

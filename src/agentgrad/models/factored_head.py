@@ -77,9 +77,13 @@ class FactoredToolHead(nn.Module):
             index = int(logp.argmax(-1))
         return self.tool_names[index], float(logp[0, index])
 
+    def to_blob(self) -> dict:
+        """What `load` reads back: the catalog (names and categories, in order), the width, the weights."""
+        return {"tools": list(zip(self.tool_names, (self.categories[i] for i in self.tool_category.tolist()))),
+                "hidden_size": self.tool_head.in_features, "state": self.state_dict()}
+
     def save(self, path: str | Path) -> None:
-        torch.save({"tools": list(zip(self.tool_names, (self.categories[i] for i in self.tool_category.tolist()))),
-                    "hidden_size": self.tool_head.in_features, "state": self.state_dict()}, path)
+        torch.save(self.to_blob(), path)
 
     @classmethod
     def load(cls, path: str | Path) -> "FactoredToolHead":
