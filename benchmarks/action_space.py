@@ -42,7 +42,7 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     config = build_config(overrides=[
         "env=api-catalog", *kinds_override(args), *MODEL, f"model.path={model_dir}", f"rollout.action_head={mode}",
         f"bc.steps={args.bc_steps}", f"bc.batch_size_episodes={args.batch}", f"bc.num_demos={args.demos}",
-        "bc.stop_at_success=null", f"bc.lr={args.lr}", "run.threads=1", "run.progress=false",
+        "bc.stop_at_success=null", f"bc.lr={args.lr}", f"bc.head_loss_coef={args.head_loss_coef}", "run.threads=1", "run.progress=false",
         f"run.seed={args.seed}"])
     c = build_components(config, run_dir)
     demos = expert_demos(c, args.demos, seed=args.seed + 1)  # the same tasks in both arms
@@ -80,15 +80,17 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-tasks", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--head-loss-coef", type=float, default=1.0, help="bc.head_loss_coef of the factored arm")
+    p.add_argument("--arms", default="tokens,factored", help="which arms to run (comma-separated)")
     p.add_argument("--kinds", default="", help="comma-separated api-catalog task kinds (default: all)")
     args = p.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         base = build_config(overrides=["env=api-catalog", *kinds_override(args), *MODEL, f"run.seed={args.seed}"])
         model_dir = build_tiny_model_dir(base, make_suite(base), Path(tmp) / "base-model")
-        rows = [arm(mode, args, model_dir, Path(tmp) / mode) for mode in ("tokens", "factored")]
+        rows = [arm(mode, args, model_dir, Path(tmp) / mode) for mode in args.arms.split(",")]
     print(f"api-catalog (kinds: {args.kinds or 'all'}), tiny model (64 wide, 2 layers), BC {args.bc_steps} steps x "
-          f"{args.batch} of {args.demos} demos, lr {args.lr}, seed {args.seed}; greedy on {args.eval_tasks} held-out "
+          f"{args.batch} of {args.demos} demos, lr {args.lr}, head loss coef {args.head_loss_coef}, seed {args.seed}; greedy on {args.eval_tasks} held-out "
           "tasks; one thread")
     print("| tool name by | held-out success (95% CI) | right tool (k-th call = expert's k-th) | LM tokens sampled "
           "per call | head decisions per call | calls / invalid calls per episode | BC wall s | eval wall s |")
