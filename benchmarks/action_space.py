@@ -42,8 +42,8 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     config = build_config(overrides=[
         "env=api-catalog", *kinds_override(args), *MODEL, f"model.path={model_dir}", f"rollout.action_head={mode}",
         f"bc.steps={args.bc_steps}", f"bc.batch_size_episodes={args.batch}", f"bc.num_demos={args.demos}",
-        "bc.stop_at_success=null", f"bc.lr={args.lr}", f"bc.head_loss_coef={args.head_loss_coef}", "run.threads=1", "run.progress=false",
-        f"run.seed={args.seed}"])
+        "bc.stop_at_success=null", f"bc.lr={args.lr}", f"bc.head_loss_coef={args.head_loss_coef}", "run.threads=1",
+        "run.progress=false", f"run.seed={args.seed}"])
     c = build_components(config, run_dir)
     demos = expert_demos(c, args.demos, seed=args.seed + 1)  # the same tasks in both arms
     t0 = time.perf_counter()
@@ -90,8 +90,8 @@ def main() -> None:
         model_dir = build_tiny_model_dir(base, make_suite(base), Path(tmp) / "base-model")
         rows = [arm(mode, args, model_dir, Path(tmp) / mode) for mode in args.arms.split(",")]
     print(f"api-catalog (kinds: {args.kinds or 'all'}), tiny model (64 wide, 2 layers), BC {args.bc_steps} steps x "
-          f"{args.batch} of {args.demos} demos, lr {args.lr}, head loss coef {args.head_loss_coef}, seed {args.seed}; greedy on {args.eval_tasks} held-out "
-          "tasks; one thread")
+          f"{args.batch} of {args.demos} demos, lr {args.lr}, head loss coef {args.head_loss_coef}, seed {args.seed}; "
+          f"greedy on {args.eval_tasks} held-out tasks; one thread")
     print("| tool name by | held-out success (95% CI) | right tool (k-th call = expert's k-th) | LM tokens sampled "
           "per call | head decisions per call | calls / invalid calls per episode | BC wall s | eval wall s |")
     print("|---|---|---|---|---|---|---|---|")
