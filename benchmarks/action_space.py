@@ -15,6 +15,7 @@ per call, calls per episode, and wall time of BC and of the evaluation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -39,13 +40,19 @@ def kinds_override(args: argparse.Namespace) -> list[str]:
 
 
 def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> dict[str, float | str]:
+    """`mode`: tokens | factored | factored+names (diagnostic: the head, but the LM still trains on the names)."""
+    head = "tokens" if mode == "tokens" else "factored"
     config = build_config(overrides=[
-        "env=api-catalog", *kinds_override(args), *MODEL, f"model.path={model_dir}", f"rollout.action_head={mode}",
+        "env=api-catalog", *kinds_override(args), *MODEL, f"model.path={model_dir}", f"rollout.action_head={head}",
         f"bc.steps={args.bc_steps}", f"bc.batch_size_episodes={args.batch}", f"bc.num_demos={args.demos}",
         "bc.stop_at_success=null", f"bc.lr={args.lr}", f"bc.head_loss_coef={args.head_loss_coef}", "run.threads=1",
         "run.progress=false", f"run.seed={args.seed}"])
     c = build_components(config, run_dir)
     demos = expert_demos(c, args.demos, seed=args.seed + 1)  # the same tasks in both arms
+    if mode == "factored+names":
+        plain = expert_demos(dataclasses.replace(c, limits=dataclasses.replace(c.limits, action_head="tokens")),
+                             args.demos, seed=args.seed + 1)
+        demos = [dataclasses.replace(d, loss_mask=p.loss_mask) for d, p in zip(demos, plain)]
     t0 = time.perf_counter()
     run_bc(c, RunLogger([], ProgressDisplay(enabled=False)), demos=demos)
     bc_s = time.perf_counter() - t0
