@@ -58,10 +58,18 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     bc_s = time.perf_counter() - t0
 
     tasks = c.suite.sample_tasks(args.eval_tasks, split="heldout", seed=args.seed)
+
+    def rollouts(limits):
+        return run_episodes(c.policy, c.codec, [c.suite.make_env() for _ in tasks], tasks, limits=limits,
+                            sampling=SamplingParams(temperature=0.0, seed=args.seed), seeds=[args.seed] * len(tasks))
+
     t0 = time.perf_counter()
-    trajs = run_episodes(c.policy, c.codec, [c.suite.make_env() for _ in tasks], tasks, limits=c.limits,
-                         sampling=SamplingParams(temperature=0.0, seed=args.seed), seeds=[args.seed] * len(tasks))
+    trajs = rollouts(c.limits)
     eval_s = time.perf_counter() - t0
+    if mode == "factored+names":  # the same LM writing the names itself: is it the head or the LM that fails?
+        alone = rollouts(dataclasses.replace(c.limits, action_head="tokens"))
+        print(f"factored+names, names written by the LM instead of the head: held-out success "
+              f"{sum(c.suite.verify(t.task, t.final_answer) for t in alone)}/{len(alone)}")
     wins = sum(c.suite.verify(t.task, t.final_answer) for t in trajs)
     low, high = wilson_interval(wins, len(trajs))
     tool_hits = sum(getattr(turn.action, "name", None) == name for t in trajs
