@@ -42,6 +42,52 @@ class LogitMasks:
 
 
 @dataclass(frozen=True)
+class HeadBatch:
+    """The factored head's decisions in a list of trajectories (`Trajectory.head_decisions`), one row each."""
+
+    row: torch.Tensor  # (D,) long: which trajectory
+    position: torch.Tensor  # (D,) long: the token whose hidden state the head read
+    tool: torch.Tensor  # (D,) long: the chosen tool, an index into the head's tool names
+    legal: torch.Tensor  # (D, N) bool: the tools legal at that decision
+    old_logprob: torch.Tensor  # (D,) float: the behaviour policy's log p(category) + log p(tool | category)
+
+    @property
+    def score_position(self) -> torch.Tensor:
+        """(D,) where an RL batch scores the decision: the name's first token (loss_mask 0 otherwise), so the
+        decision is one more action in the per-token loss with the advantage of that position."""
+        return self.position + 1
+
+    def select(self, rows: torch.Tensor | slice, num_rows: int) -> "HeadBatch":
+        """The decisions of batch rows `rows` (of `num_rows`), renumbered as the selected batch's rows."""
+        picked = torch.arange(num_rows)[rows]  # (b,)
+        new_row = torch.full((num_rows,), -1, dtype=torch.long)
+        new_row[picked] = torch.arange(len(picked))
+        keep = new_row[self.row] >= 0  # (D,)
+        return HeadBatch(new_row[self.row][keep], self.position[keep], self.tool[keep], self.legal[keep],
+                         self.old_logprob[keep])
+
+    def to(self, device: torch.device | str) -> "HeadBatch":
+        return HeadBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+
+
+def collate_head(trajs: Sequence[Trajectory], tool_names: Sequence[str]) -> HeadBatch:
+    """Head decisions as tensors over the head's tool list (which the trajectories, being plain data, do not
+    know). A decision naming a tool the head lacks is an error: the head could never have made it."""
+    index = {n: i for i, n in enumerate(tool_names)}
+    rows = [(b, d) for b, t in enumerate(trajs) for d in t.head_decisions]
+    unknown = {d.tool for _, d in rows} - index.keys()
+    if unknown:
+        raise ValueError(f"head decisions name tools the head does not have: {sorted(unknown)[:5]}")
+    legal = torch.zeros((len(rows), len(tool_names)), dtype=torch.bool)  # (D, N)
+    for k, (_, d) in enumerate(rows):
+        legal[k, [index[n] for n in d.legal if n in index]] = True
+    return HeadBatch(row=torch.tensor([b for b, _ in rows], dtype=torch.long),
+                     position=torch.tensor([d.position for _, d in rows], dtype=torch.long),
+                     tool=torch.tensor([index[d.tool] for _, d in rows], dtype=torch.long), legal=legal,
+                     old_logprob=torch.tensor([d.logprob for _, d in rows], dtype=torch.float32))
+
+
+@dataclass(frozen=True)
 class TokenBatch:
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long, 1 on real tokens
@@ -55,6 +101,7 @@ class TokenBatch:
     values: torch.Tensor | None = None  # (B, T) float, critic's V(input_ids[b, :t]) at the rollout, 0 off-policy
     is_weights: torch.Tensor | None = None  # (B, T) float, off-policy correction pi/mu (1 on fresh rows)
     logit_masks: LogitMasks | None = None  # legal sets of tokens sampled under constrained decoding
+    head: HeadBatch | None = None  # factored-head decisions scored as actions (collate(head_tools=...))
 
     @property
     def num_sequences(self) -> int:
@@ -69,12 +116,14 @@ class TokenBatch:
 
     def select(self, rows: torch.Tensor | slice) -> "TokenBatch":
         """Rows of the batch (for minibatches); trims trailing all-padding columns."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "logit_masks"}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("logit_masks", "head")}
         picked = {k: (v[rows] if v is not None else None) for k, v in fields.items()}
         width = int(picked["attention_mask"].sum(dim=1).max().item()) if picked["attention_mask"].numel() else 0
         masks = self.logit_masks.select(rows, width) if self.logit_masks is not None else None
+        head = self.head.select(rows, self.num_sequences) if self.head is not None else None
         return TokenBatch(**{k: (v[:, :width] if v is not None and v.dim() == 2 else v) for k, v in picked.items()},
-                          logit_masks=masks)
+                          logit_masks=masks, head=head)
 
     def to(self, device: torch.device | str) -> "TokenBatch":
         return TokenBatch(**{f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
@@ -104,11 +153,14 @@ def collate(
     pad_token_id: int,
     group_index: Sequence[int] | None = None,
     max_length: int | None = None,
+    head_tools: Sequence[str] | None = None,
 ) -> TokenBatch:
     """Pad a list of trajectories into a TokenBatch. Plain `Trajectory`s (e.g. expert demos) get zero rewards.
 
     Masked samples (`reward.masked`) keep their tokens but get an all-zero loss_mask, so they cost no
-    gradient and are still visible to metrics.
+    gradient and are still visible to metrics. With `head_tools` (a factored head's tool list, for RL), each
+    head decision becomes one more action at its `score_position`: loss_mask 1 there (unless the sample is
+    masked), old_logprobs the decision's, and `TokenBatch.head` tells the learner to score it with the head.
     """
     if not samples:
         raise ValueError("collate() needs at least one trajectory")
@@ -136,9 +188,15 @@ def collate(
     groups = torch.tensor(list(group_index) if group_index is not None else range(B), dtype=torch.long)  # (B,)
     if groups.shape[0] != B:
         raise ValueError(f"group_index has {groups.shape[0]} entries for {B} samples")
+    head = None
+    if head_tools is not None and any(t.head_decisions for t in trajs):
+        head = collate_head(trajs, head_tools)
+        at = (head.row, head.score_position)
+        old_logprobs[at] = head.old_logprob
+        loss_mask[at] = attention_mask[at].float() * loss_mask[head.row].amax(dim=1)  # 0 on masked samples
     return TokenBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
                       old_logprobs=old_logprobs, token_rewards=token_rewards, group_index=groups,
-                      logit_masks=_logit_masks(trajs, width))
+                      logit_masks=_logit_masks(trajs, width), head=head)
 
 
 def _logit_masks(trajs: Sequence[Trajectory], width: int) -> LogitMasks | None:

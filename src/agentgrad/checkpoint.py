@@ -8,11 +8,14 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable, Mapping
 
 import torch
 
 
-def save_checkpoint(directory: str | Path, model, tokenizer, optimizer: torch.optim.Optimizer | None = None) -> Path:
+def save_checkpoint(directory: str | Path, model, tokenizer, optimizer: torch.optim.Optimizer | None = None,
+                    extra_files: Mapping[str, Callable[[Path], None]] | None = None) -> Path:
+    """`extra_files`: file name -> writer (e.g. a factored tool head's weights), written before the rename."""
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():
@@ -22,6 +25,8 @@ def save_checkpoint(directory: str | Path, model, tokenizer, optimizer: torch.op
     tokenizer.save_pretrained(tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    for name, write in (extra_files or {}).items():
+        write(tmp / name)
     if directory.exists():
         old = directory.with_name(directory.name + ".old")
         shutil.rmtree(old, ignore_errors=True)

@@ -73,7 +73,7 @@ def eval_cmd(
     from agentgrad.checkpoint import latest_checkpoint
     from agentgrad.config import ConfigError, load_config
     from agentgrad.models.hf import ModelLoadError, load_model
-    from agentgrad.pipelines.components import inference, make_suite, quiet_hf, rollout_limits
+    from agentgrad.pipelines.components import inference, make_suite, make_tool_head, quiet_hf, rollout_limits
     from agentgrad.pipelines.evaluate import evaluate
 
     if not (run_dir / "config.yaml").exists():
@@ -87,7 +87,11 @@ def eval_cmd(
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
     policy, codec = inference(loaded)
-    result = evaluate(policy, codec, make_suite(config),
+    suite = make_suite(config)
+    if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
+        _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
+    policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
+    result = evaluate(policy, codec, suite,
                       rollout_limits(config), num_tasks=num_tasks or config.eval.num_tasks,
                       seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
                       batch_size=config.eval.batch_size)

@@ -75,6 +75,13 @@ class RolloutConfig(_Section):
                                          "never depends on tool timing: bit-repeatable runs, at the cost of overlap.")
     tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
                                                    "in flight).")
+    action_head: Literal["tokens", "factored"] = Field("tokens", description="How a call's tool name is chosen. "
+                                                       "tokens: the LM writes it (constrained by tool_name_mask); "
+                                                       "factored: two classification heads on the hidden state at the "
+                                                       "call position pick category then tool over the legal set, the "
+                                                       "name is written in, arguments stay text (rollout/factored.py). "
+                                                       "Trained by BC (bc.head_loss_coef) and RL (each decision is "
+                                                       "one more action).")
 
 
 class BCConfig(_Section):
@@ -92,6 +99,8 @@ class BCConfig(_Section):
     eval_every: int = Field(5, gt=0, description="Steps between validation checks when stop_at_success is set "
                                                  "(BC success here can jump 20% -> 98% within 25 steps).")
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
+    head_loss_coef: float = Field(1.0, ge=0, description="Weight of the factored head's loss (mean NLL of the "
+                                  "expert's tool per call) added to the token loss; rollout.action_head=factored only.")
 
 
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "rest", "dpo", "bc")

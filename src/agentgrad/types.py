@@ -114,6 +114,23 @@ class TokenMask:
 
 
 @dataclass(frozen=True)
+class HeadDecision:
+    """A tool name chosen by a factored action head (`models/factored_head.py`) instead of sampled as tokens.
+
+    `position` is the token whose hidden state the head read (the last token of the call header); the name's
+    tokens follow it at `position + 1 .. end - 1`, written in as context (loss_mask 0, logprob 0.0), so the LM's
+    token loss never sees them. `logprob` is the behaviour policy's log p(category) + log p(tool | category)
+    over `legal`, the tool names legal in that state, which the learner needs to rescore the same decision.
+    """
+
+    position: int
+    end: int
+    tool: str
+    logprob: float
+    legal: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode, token-in/token-out.
 
@@ -134,6 +151,7 @@ class Trajectory:
     policy_version: int = 0
     sample_index: int = 0
     token_masks: tuple[TokenMask, ...] = ()
+    head_decisions: tuple[HeadDecision, ...] = ()  # names chosen by a factored head (rollout.action_head)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -144,6 +162,8 @@ class Trajectory:
             )
         if any(not (0 < m.position < n) or not m.token_ids for m in self.token_masks):
             raise ValueError("token_masks must name a sampled position (0 < position < len) and at least one id")
+        if any(not (0 <= d.position < d.end <= n) or d.tool not in d.legal for d in self.head_decisions):
+            raise ValueError("head_decisions must span tokens of the trajectory and choose a legal tool")
 
     @property
     def num_generated_tokens(self) -> int:

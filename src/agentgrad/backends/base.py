@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -11,6 +11,10 @@ from agentgrad.batch import TokenBatch
 
 # (row index in the batch, generated-so-far ids of that row, logits (V,)) -> logits with illegal ids at -inf.
 LogitsProcessor = Callable[[int, Sequence[int], torch.Tensor], torch.Tensor]
+# (sequence key, ids generated so far this turn) -> True to end the turn there, before sampling the next token
+# (finish_reason "pause", with the hidden state that token would have been sampled from): a decision point
+# for an action head (rollout.action_head=factored). `submit(key, ids, n)` then continues the turn.
+PauseFn = Callable[[Hashable, Sequence[int]], bool]
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,8 @@ class Generation:
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "pause" (a session's `pause` ended the turn at a decision point)
+    hidden: torch.Tensor | None = field(default=None, compare=False, repr=False)  # (H,) final-norm state; "pause" only
 
 
 @runtime_checkable
@@ -69,7 +74,8 @@ class SessionPolicy(Policy, Protocol):
     """A Policy that can also decode incrementally. Backends without it still work through `generate`."""
 
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                max_sequences: int, max_tokens: int) -> ContextManager[DecodeSession]: ...
+                max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> ContextManager[DecodeSession]:
+        ...
 
 
 @runtime_checkable

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from agentgrad.algos.constrained import masked_token_logprobs
-from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
-from agentgrad.backends.hf_engine import HFSession
+from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
+from agentgrad.backends.hf_engine import HFSession, _model_parts
 from agentgrad.backends.shared_prefix import (LeanForward, plan_shared_prefixes, shared_prefix_logits,
                                               shared_prefix_logprobs)
 from agentgrad.batch import LogitMasks, TokenBatch
@@ -32,21 +32,23 @@ class HFPolicy:
     sequences joining and leaving between decode steps. `generate` is a one-turn session over its prompts.
     """
 
-    def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                 tool_head: torch.nn.Module | None = None) -> None:
         self.model = model
+        self.tool_head = tool_head  # a factored action head the agent loop asks (rollout.action_head=factored)
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
         self._cache_kw = _cache_kwarg(model)
 
     @contextlib.contextmanager
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                max_sequences: int, max_tokens: int) -> Iterator[HFSession]:
+                max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> Iterator[HFSession]:
         was_training = self.model.training
         self.model.eval()
         try:
             yield HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                             cache_kw=self._cache_kw, max_sequences=max_sequences, max_tokens=max_tokens,
-                            logits_processor=logits_processor)
+                            logits_processor=logits_processor, pause=pause)
         finally:
             if was_training:
                 self.model.train()
@@ -96,6 +98,16 @@ def score_logits(logits: torch.Tensor, input_ids: torch.Tensor, temperature: flo
     return F.pad(lp, (1, 0))  # (B, T)
 
 
+def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                              temperature: float = 1.0, logit_masks: LogitMasks | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` (B, T) and the final-norm hidden states (B, T, H) from one forward: the states an
+    action head reads (the same ones the sampling engine hands it)."""
+    body, head = _model_parts(model)
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
+    return score_logits(head(hidden), input_ids, temperature, logit_masks), hidden
+
+
 def length_buckets(lengths: torch.Tensor, max_buckets: int) -> list[torch.Tensor]:
     """Split rows into at most `max_buckets` groups of similar length (sorted, equal counts), keeping a group
     only when it saves padding: a split costs one more forward, which dominates for small batches."""
@@ -110,12 +122,17 @@ class TorchLearner:
     """AdamW on a (colocated) model. `step` skips updates whose gradients are not finite and says so."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
-                 betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4,
+                 tool_head: torch.nn.Module | None = None) -> None:
+        """`tool_head` (a factored action head) is trained by the same optimizer and gradient clip, and scores
+        the head decisions of batches that carry them (`TokenBatch.head`)."""
         self.model = model
+        self.tool_head = tool_head
         self.max_buckets = max_buckets
         self.lean = LeanForward(model) if LeanForward.supports(model) else None
         self.grad_clip = grad_clip
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+        self.params = [*model.parameters(), *(tool_head.parameters() if tool_head is not None else ())]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         """Per-token logprobs (B, T). Rows are run in length buckets (`length_buckets`): a rollout batch mixes
@@ -123,6 +140,8 @@ class TorchLearner:
         Rows of one group (`group_index`) that share a prefix (GRPO's samples of one prompt) run it once
         (`backends.shared_prefix`); batches without such rows (BC) take the plain forward."""
         self.model.train()
+        if batch.head is not None and self.tool_head is not None:
+            return self._logprobs_with_head(batch, temperature)
         plan = plan_shared_prefixes(batch) if self.lean is not None else None
         if plan is not None:
             buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
@@ -142,10 +161,30 @@ class TorchLearner:
             out = out.index_put((rows,), F.pad(lp, (0, out.shape[1] - width)))
         return out
 
+    def _logprobs_with_head(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
+        """Token logprobs (B, T) with each head decision's log p(category) + log p(tool | category) (tempered as
+        at sampling) at its score position, recomputed from the hidden state the head read. One forward."""
+        lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
+                                               batch.logit_masks)  # (B, T), (B, T, H)
+        h = batch.head
+        logp = self.tool_head(hidden[h.row, h.position], h.legal)  # (D, N)
+        if temperature > 0 and temperature != 1.0:
+            logp = torch.log_softmax(logp / temperature, -1)
+        return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
+
+    def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,
+                            temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token logprobs (B, T) and the hidden states at (rows[d], positions[d]): (D, H). One forward over
+        the whole batch (no length buckets): for BC of a factored head, whose demos are of similar length."""
+        self.model.train()
+        lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
+                                               batch.logit_masks)
+        return lp, hidden[rows, positions]
+
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:
             loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf)
         skipped = not torch.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()

@@ -17,7 +17,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
+from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.sampling import counter_uniform, next_token_logprobs, sample_rows
 
 
@@ -195,12 +195,15 @@ class HFSession:
     `submit(key, ids, max_new_tokens)` appends ids to a sequence's context (the prompt the first time, then the
     observation) and asks for one more turn; `step()` advances every sequence one token and returns the turns
     that finished; `release(key)` frees the sequence's slot. Row randomness is keyed by (seed, key, position).
+    With `pause`, a turn can also end at a decision point (finish_reason "pause", `Generation.hidden` set);
+    `submit(key, ids, n)` writes ids in (e.g. a tool name an action head chose) and continues it.
     """
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, eos_token_ids: Sequence[int],
                  pad_token_id: int, cache_kw: str, max_sequences: int, max_tokens: int,
-                 logits_processor: LogitsProcessor | None = None) -> None:
+                 logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
+        self.pause = pause
         self.body, self.head = _model_parts(model)
         self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
         self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
@@ -351,9 +354,10 @@ class HFSession:
                 self.length[slots[dup]] = n
             order = [where[duplicates.get(r, r)] for r in range(len(slots))]
             logits = logits[torch.tensor(order, device=self.device)]  # (len(slots), V)
+            last = last[torch.tensor(order, device=self.device)]  # (len(slots), H)
         all_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         self.gen_count[all_rows] = 0
-        return self._sample_and_record(logits, all_rows)
+        return self._sample_and_record(logits, all_rows, last)
 
     def _decode(self) -> list[tuple[Hashable, Generation]]:
         active = self.generating.nonzero().squeeze(-1)  # (A,)
@@ -372,7 +376,7 @@ class HFSession:
         if idx is not None:
             hidden = hidden[idx]
         self.length[active] += 1
-        return self._sample_and_record(self._logits(hidden), active)
+        return self._sample_and_record(self._logits(hidden), active, hidden)
 
     # ---- sampling ------------------------------------------------------------------------------------------
 
@@ -391,8 +395,35 @@ class HFSession:
 
         return processor
 
-    def _sample_and_record(self, logits: torch.Tensor, slots: torch.Tensor) -> list[tuple[Hashable, Generation]]:
-        """Sample one id per slot from logits (R, V); finished turns come back as Generations."""
+    def _paused(self, slots: torch.Tensor, hidden: torch.Tensor) -> tuple[list[int], list[tuple[Hashable, Generation]]]:
+        """Rows whose `pause` says stop before sampling; they come back as "pause" turns with their hidden state.
+        Their last id is already in the cache (it was this step's input), so nothing is left to prefill."""
+        if self.pause is None:
+            return list(range(len(slots))), []
+        keep, out = [], []
+        for r, slot in enumerate(slots.tolist()):
+            n = int(self.gen_count[slot])
+            ids = tuple(self.gen_ids[slot, :n].tolist())
+            if not self.pause(self._key_of[slot], ids):
+                keep.append(r)
+                continue
+            self.generating[slot] = False
+            gen = Generation(ids, tuple(self.gen_lps[slot, :n].tolist()), "pause", hidden=hidden[r].clone())
+            out.append((self._key_of[slot], gen))
+        return keep, out
+
+    def _sample_and_record(self, logits: torch.Tensor, slots: torch.Tensor,
+                           hidden: torch.Tensor) -> list[tuple[Hashable, Generation]]:
+        """Sample one id per slot from logits (R, V) (hidden (R, H)); finished turns come back as Generations."""
+        keep, paused = self._paused(slots, hidden)
+        if paused:
+            if not keep:
+                return paused
+            rows = torch.tensor(keep, device=self.device)
+            logits, slots = logits[rows], slots[rows]
+        return paused + self._sample(logits, slots)
+
+    def _sample(self, logits: torch.Tensor, slots: torch.Tensor) -> list[tuple[Hashable, Generation]]:
         s = self.sampling
         logp = next_token_logprobs(logits, s.temperature, s.top_p, self._row_processor(slots))  # (R, V)
         if s.temperature == 0:

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from agentgrad.faults import kill_point
-from agentgrad.types import (FinalAnswer, InvalidAction, Message, RewardBreakdown, ScoredTrajectory, StopReason, Task,
-                             TokenMask, ToolCall, Trajectory, TrajectoryGroup, Turn)
+from agentgrad.types import (FinalAnswer, HeadDecision, InvalidAction, Message, RewardBreakdown, ScoredTrajectory,
+                             StopReason, Task, TokenMask, ToolCall, Trajectory, TrajectoryGroup, Turn)
 
 _RECORD_TYPES = {cls.__name__: cls for cls in (Task, ToolCall, FinalAnswer, InvalidAction, Message, Turn, TokenMask,
-                                               Trajectory, RewardBreakdown, ScoredTrajectory, TrajectoryGroup)}
+                                               HeadDecision, Trajectory, RewardBreakdown, ScoredTrajectory,
+                                               TrajectoryGroup)}
 SEGMENT_GLOB = "segment-*.jsonl"
 
 

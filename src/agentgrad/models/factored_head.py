@@ -5,19 +5,23 @@ right before the name would be written): p(category) and p(tool | category), bot
 legal set, so  log p(tool) = log p(category) + log p(tool | category)  (`algos.factored_tool_logprobs`).
 The name is then one decision instead of several sampled tokens; arguments are still generated as text.
 
-Status: the head, its log-probabilities, a BC loss and greedy/sampled choice are built and tested; it is not
-wired into the agent loop or the learner (see docs/action-space.md for what that needs).
+Wiring: `rollout.action_head=factored` makes the agent loop pause at the call position, ask `decide`, and
+write the name in (rollout/factored.py); BC trains the head beside the LM (pipelines/bc.py); its weights are
+saved as `tool_head.pt` next to the policy checkpoint; RL scores its decisions as actions
+(`collate(head_tools=...)`, `TorchLearner(tool_head=...)`; docs/action-space.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch import nn
 
 from agentgrad.algos.constrained import factored_tool_logprobs
+from agentgrad.backends.sampling import sample_rows
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,34 @@ class FactoredToolHead(nn.Module):
             index = torch.multinomial(torch.softmax(logp / temperature, -1), 1, generator=generator).squeeze(-1)
             logp = torch.log_softmax(logp / temperature, -1)
         return ToolChoice(index, logp.gather(-1, index[:, None]).squeeze(-1))
+
+    def decide(self, hidden: torch.Tensor, legal: frozenset[str], *, temperature: float,
+               uniform: float) -> tuple[str, float]:
+        """One row for the agent loop: hidden (H,) -> (tool name, logprob), drawn by inverse CDF with `uniform`
+        (keyed by the episode and position, so seeded rollouts repeat); temperature 0 takes the argmax."""
+        mask = self.legal_mask([legal], device=hidden.device)  # (1, N)
+        logp = self(hidden[None].to(self.tool_head.weight.dtype), mask)  # (1, N)
+        if temperature > 0:
+            logp = torch.log_softmax(logp / temperature, -1)
+            index = int(sample_rows(logp, torch.tensor([uniform], dtype=torch.float64))[0])
+        else:
+            index = int(logp.argmax(-1))
+        return self.tool_names[index], float(logp[0, index])
+
+    def to_blob(self) -> dict:
+        """What `load` reads back: the catalog (names and categories, in order), the width, the weights."""
+        return {"tools": list(zip(self.tool_names, (self.categories[i] for i in self.tool_category.tolist()))),
+                "hidden_size": self.tool_head.in_features, "state": self.state_dict()}
+
+    def save(self, path: str | Path) -> None:
+        torch.save(self.to_blob(), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FactoredToolHead":
+        blob = torch.load(path, weights_only=True)
+        head = cls(blob["hidden_size"], [tuple(t) for t in blob["tools"]])
+        head.load_state_dict(blob["state"])
+        return head
 
     def bc_loss(self, hidden: torch.Tensor, legal: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean negative log-likelihood of the expert's tools (B,) long: behaviour cloning of the head."""

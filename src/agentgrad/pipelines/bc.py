@@ -7,8 +7,10 @@ import random
 import time
 from typing import Callable, Mapping
 
+from torch import Tensor
+
 from agentgrad.algos.losses import sft_loss
-from agentgrad.batch import collate
+from agentgrad.batch import TokenBatch, collate, collate_head
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.evaluate import evaluate
@@ -61,11 +63,28 @@ def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: in
     cfg = c.config.bc
     lr = bc_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, schedule=cfg.lr_schedule)
     c.learner.set_lr(lr)
-    batch = collate(rng.sample(demos, min(cfg.batch_size_episodes, len(demos))), pad_token_id=c.pad_token_id)
-    logprobs = c.learner.logprobs(batch)  # (B, T)
-    loss = sft_loss(logprobs, batch.loss_mask)
-    metrics = c.learner.step(loss)
-    return {"loss/bc": loss.item(), "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
+    picked = rng.sample(demos, min(cfg.batch_size_episodes, len(demos)))
+    batch = collate(picked, pad_token_id=c.pad_token_id)
+    if c.tool_head is None:
+        logprobs = c.learner.logprobs(batch)  # (B, T)
+        loss = sft_loss(logprobs, batch.loss_mask)
+        metrics = c.learner.step(loss)
+        return {"loss/bc": loss.item(), "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens),
+                **metrics}
+    token_loss, head_loss = bc_losses_with_head(c, picked, batch)
+    metrics = c.learner.step(token_loss + cfg.head_loss_coef * head_loss)
+    return {"loss/bc": token_loss.item(), "loss/bc_head": head_loss.item(), "train/lr": lr,
+            "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
+
+
+def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBatch) -> tuple[Tensor, Tensor]:
+    """The LM's token loss (the head's names are not in it: loss_mask 0) and the head's NLL of the expert's
+    tools, read from the same forward's hidden states at the call positions."""
+    assert c.tool_head is not None
+    decisions = collate_head(picked, c.tool_head.tool_names)
+    logprobs, hidden = c.learner.logprobs_and_hidden(batch, decisions.row, decisions.position)  # (B, T), (D, H)
+    head_loss = c.tool_head.bc_loss(hidden, decisions.legal, decisions.tool) if len(decisions.row) else hidden.sum()
+    return sft_loss(logprobs, batch.loss_mask), head_loss
 
 
 def validation_success(c: Components) -> float:

@@ -12,6 +12,7 @@ import torch
 from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.config import Config
 from agentgrad.envs import SUITES, TaskSuite
+from agentgrad.models.factored_head import FactoredToolHead
 from agentgrad.models.hf import LoadedModel, load_model
 from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import ChatCodec
@@ -40,6 +41,7 @@ class Components:
     reward_fn: RewardFn
     limits: RolloutLimits
     hooks: RunHooks | None = None
+    tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
 
     @property
     def pad_token_id(self) -> int:
@@ -56,7 +58,7 @@ def rollout_limits(config: Config) -> RolloutLimits:
                          max_total_tokens=r.max_total_tokens, max_invalid_calls=r.max_invalid_calls,
                          repeated_call_limit=r.repeated_call_limit, tool_name_mask=r.tool_name_mask,
                          max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
-                         deterministic_schedule=r.deterministic_schedule)
+                         deterministic_schedule=r.deterministic_schedule, action_head=r.action_head)
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int) -> list[str]:
@@ -96,6 +98,24 @@ def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path) -> P
                            num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size)
 
 
+TOOL_HEAD_FILE = "tool_head.pt"
+
+
+def make_tool_head(config: Config, suite: TaskSuite, loaded: LoadedModel, path: str | Path | None
+                   ) -> FactoredToolHead | None:
+    """The factored head over the suite's tool catalog (rollout.action_head=factored): the one saved beside the
+    model at `path` if there is one, else a fresh one."""
+    if config.rollout.action_head != "factored":
+        return None
+    saved = Path(path) / TOOL_HEAD_FILE if path is not None else None
+    if saved is not None and saved.exists():
+        head = FactoredToolHead.load(saved)
+    else:
+        tools = suite.make_env().tools
+        head = FactoredToolHead(loaded.model.config.hidden_size, [(n, tools.get(n).category) for n in tools.names])
+    return head.to(next(loaded.model.parameters()).device)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -124,7 +144,11 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
     loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
     policy, codec = inference(loaded)
+    head = make_tool_head(config, suite, loaded, path)
+    policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
-    learner = TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip)
+    learner = TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip,
+                           tool_head=head)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
-                      reward_fn=load_reward(config.reward.name, suite, **config.reward.options), limits=rollout_limits(config))
+                      reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
+                      limits=rollout_limits(config), tool_head=head)

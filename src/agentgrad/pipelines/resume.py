@@ -16,7 +16,7 @@ from typing import Any
 from agentgrad.checkpoint import LATEST, latest_run_state, load_run_state, save_run_state
 from agentgrad.config import Config
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.pipelines.components import Components, build_components
+from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_components
 from agentgrad.pipelines.rl import RLState
 from agentgrad.pipelines.schedule import ScheduleState
 
@@ -53,6 +53,8 @@ class RunCheckpointer:
                  "metrics_offset": (self.run_dir / "metrics.jsonl").stat().st_size, "info": self.info,
                  "lr": c.learner.optimizer.param_groups[0]["lr"]}
         blobs = {"rl_state": rl_state.state_dict()} if rl_state is not None else {}
+        if c.tool_head is not None:  # read back by build_components (model_path=) as tool_head.pt
+            blobs[TOOL_HEAD_FILE.removesuffix(".pt")] = c.tool_head.to_blob()
         save_run_state(self.run_dir, global_step, c.loaded.model, c.loaded.tokenizer, c.learner.optimizer, state,
                        blobs)
 

@@ -169,7 +169,8 @@ def collect_groups(c: Components, step: int, num_groups: int | None = None) -> R
 def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
     samples = [s for g in groups for s in g.samples]
     return collate(samples, pad_token_id=c.pad_token_id,
-                   group_index=[i for i, g in enumerate(groups) for _ in g.samples])
+                   group_index=[i for i, g in enumerate(groups) for _ in g.samples],
+                   head_tools=c.tool_head.tool_names if c.tool_head is not None else None)
 
 
 # ---- per-step tensors ---------------------------------------------------------------------------------------
@@ -184,7 +185,11 @@ def add_reference(c: Components, state: RLState, batch: TokenBatch) -> TokenBatc
     """Reference logprobs, and in kl_mode=reward the KL penalty folded into the token rewards."""
     if state.reference is None:
         return batch
-    batch = batch.replace(ref_logprobs=reference_logprobs(state.reference, batch, c.config.rollout.temperature))
+    ref = reference_logprobs(state.reference, batch, c.config.rollout.temperature)  # (B, T)
+    if batch.head is not None:  # no reference head: a decision's KL is taken against its behaviour logprob
+        at = (batch.head.row, batch.head.score_position)
+        ref = ref.index_put(at, batch.old_logprobs[at])
+    batch = batch.replace(ref_logprobs=ref)
     if c.config.algo.kl_mode == "reward":
         batch = penalise_rewards(batch, state.kl_controller.value)
     return batch

@@ -16,7 +16,7 @@ from agentgrad.checkpoint import save_checkpoint
 from agentgrad.config import Config, StageConfig, save_config
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import JsonlSink, ProgressDisplay, RunLogger
-from agentgrad.pipelines.components import Components, build_components
+from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_components
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
 from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
 from agentgrad.pipelines.schedule import ScheduleState, run_schedule, stages_of
@@ -38,7 +38,9 @@ def held_out(c: Components) -> EvalResult:
 
 
 def checkpoint(c: Components, run_dir: Path, tag: str) -> Path:
-    return save_checkpoint(run_dir / "checkpoints" / tag, c.loaded.model, c.loaded.tokenizer, c.learner.optimizer)
+    extra = {TOOL_HEAD_FILE: c.tool_head.save} if c.tool_head is not None else None
+    return save_checkpoint(run_dir / "checkpoints" / tag, c.loaded.model, c.loaded.tokenizer, c.learner.optimizer,
+                           extra)
 
 
 def start_or_resume(config: Config, run_dir: Path, resume: bool, hooks: RunCheckpointer

@@ -17,6 +17,7 @@ prefixes), looking only at tokens whose first character can continue the text, a
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from typing import Any, Literal, Sequence
@@ -201,6 +202,20 @@ class EpisodeMasks:
 
     def token_masks(self, row: int) -> list[TokenMask]:
         return self.turn.token_masks(row)
+
+    def restrict_name(self, row: int, name: str) -> None:
+        """An action head chose `name` (rollout/factored.py): the open name may now only close, not grow into
+        a longer legal name. Lasts until the row's next turn."""
+        mask = self.turn.masks[row]
+        if mask is not None:
+            self.turn.masks[row] = dataclasses.replace(mask, tools=frozenset({name}))
+
+
+def tool_name_decoder(codec: ChatCodec) -> ToolNameDecoder:
+    """The codec's decoder (token strings and call header); raises if its template writes no <tool_call>."""
+    decoder = _decoder(codec, "on")
+    assert decoder is not None  # mode "on" raises instead
+    return decoder
 
 
 def episode_masks(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask],

@@ -12,15 +12,19 @@ import dataclasses
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence
 
-from agentgrad.backends.base import Generation, LogitsProcessor, Policy, SamplingParams, SessionPolicy
+from agentgrad.backends.base import (DecodeSession, Generation, LogitsProcessor, Policy, SamplingParams,
+                                    SessionPolicy)
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
+from agentgrad.rollout.factored import HeadCalls, HeadSpan, ToolHead, expert_spans
 from agentgrad.rollout.parser import parse_turn
-from agentgrad.types import (Action, FinalAnswer, InvalidAction, Message, StopReason, Task, TokenMask, ToolCall,
-                             Trajectory, Turn)
+from agentgrad.types import (Action, FinalAnswer, HeadDecision, InvalidAction, Message, StopReason, Task, TokenMask,
+                             ToolCall, Trajectory, Turn)
+
+ActionHeadMode = Literal["tokens", "factored"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class RolloutLimits:
     tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
     deterministic_schedule: bool = False  # drain all tool calls after each decode step (timing-independent floats)
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
+    action_head: ActionHeadMode = "tokens"  # "factored": a head chooses tool names (rollout/factored.py)
 
 
 @dataclass
@@ -55,6 +60,7 @@ class _Episode:
     observations: list[Message] = field(default_factory=list)
     offered_tools: frozenset[str] = frozenset()  # tool names the prompt shows
     token_masks: list[TokenMask] = field(default_factory=list)
+    head_decisions: list[HeadDecision] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -77,9 +83,10 @@ def _assistant_message(text: str, actions: Sequence[Action]) -> Message:
 
 
 def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
-               token_masks: Sequence[TokenMask] = ()) -> list[Action]:
+               token_masks: Sequence[TokenMask] = (), head_spans: Sequence[HeadSpan] = ()) -> list[Action]:
     """Record a generated turn's tokens and parse it. Returns the actions to step (none if the episode ended).
-    `token_masks` (positions relative to the turn) are the legal sets its tokens were sampled from.
+    `token_masks` (positions relative to the turn) are the legal sets its tokens were sampled from;
+    `head_spans` the tool names a factored head chose and wrote in (not sampled: loss_mask 0).
 
     Runs on the rollout thread: it uses the tokenizer, which is not safe to share between threads."""
     start = len(ep.token_ids)
@@ -90,6 +97,11 @@ def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutL
     ep.token_ids += ids
     ep.loss_mask += [1] * len(ids)
     ep.logprobs += lps
+    for h in head_spans:
+        if h.name_end <= len(ids):
+            ep.loss_mask[start + h.name_start:start + h.name_end] = [0] * (h.name_end - h.name_start)
+            ep.head_decisions.append(HeadDecision(start + h.name_start - 1, start + h.name_end, h.tool, h.logprob,
+                                                  h.legal))
     text = codec.decode(ids)
     ep.turn_text, ep.turn_start = text, start
     if gen.finish_reason != "stop" or len(ids) < len(gen.token_ids):
@@ -148,9 +160,10 @@ def end_turn(ep: _Episode, codec: ChatCodec, limits: RolloutLimits) -> list[int]
     return obs_ids
 
 
-def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits) -> None:
+def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
+            head_spans: Sequence[HeadSpan] = ()) -> None:
     """Apply one generated turn to an episode: record tokens, step the env, append the observation."""
-    actions = begin_turn(ep, gen, codec, limits)
+    actions = begin_turn(ep, gen, codec, limits, head_spans=head_spans)
     if not ep.done:
         run_actions(ep, actions, limits)
         end_turn(ep, codec, limits)
@@ -161,7 +174,8 @@ def finish_episode(ep: _Episode, policy_version: int = 0) -> Trajectory:
     return Trajectory(task=ep.task, token_ids=tuple(ep.token_ids), loss_mask=tuple(ep.loss_mask),
                       logprobs=tuple(ep.logprobs), prompt_length=ep.prompt_length, turns=tuple(ep.turns),
                       stop_reason=ep.stop_reason, messages=tuple(ep.messages), policy_version=policy_version,
-                      sample_index=ep.sample_index, token_masks=tuple(ep.token_masks))
+                      sample_index=ep.sample_index, token_masks=tuple(ep.token_masks),
+                      head_decisions=tuple(ep.head_decisions))
 
 
 def _turn_budget(ep: _Episode, limits: RolloutLimits) -> int:
@@ -172,7 +186,7 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
                  sampling: SamplingParams, limits: RolloutLimits, seeds: Sequence[int | None] | None = None,
                  sample_indices: Sequence[int] | None = None, policy_version: int = 0,
                  logits_processor: LogitsProcessor | None = None, max_concurrent: int | None = None,
-                 tool_workers: int | None = None) -> list[Trajectory]:
+                 tool_workers: int | None = None, tool_head: ToolHead | None = None) -> list[Trajectory]:
     """Run one episode per (env, task) pair and return their trajectories in input order.
 
     Up to `max_concurrent` episodes (default `limits.max_concurrent_episodes`) are in flight; their tool calls
@@ -183,6 +197,10 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
     rounds through `generate`. `logits_processor` gets the episode's index in `envs` as its row and the ids of
     the current turn. With `sampling.seed` set, the tokens do not depend on thread timing: each episode's
     randomness is keyed by (seed, episode index, token position).
+
+    With `limits.action_head == "factored"`, tool names are chosen by `tool_head` (default: the policy's
+    `tool_head` attribute) at the call position instead of sampled as tokens (rollout/factored.py); this needs a
+    `SessionPolicy`, and the tool-name mask is then on in every state (it closes the chosen name).
     """
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks")
@@ -194,8 +212,9 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         if ep.prompt_length >= limits.max_total_tokens:
             ep.stop_reason = StopReason.MAX_TOKENS
     live = [i for i, ep in enumerate(episodes) if not ep.done]
-    masker = episode_masks(codec, limits.tool_name_mask, [ep.env.legal_actions() for ep in episodes],
-                           [ep.offered_tools for ep in episodes])
+    calls = _head_calls(policy, codec, sampling, limits, tool_head, len(episodes))
+    masker = episode_masks(codec, "on" if calls is not None else limits.tool_name_mask,
+                           [ep.env.legal_actions() for ep in episodes], [ep.offered_tools for ep in episodes])
     processor = _chain(logits_processor, masker)
     max_concurrent = max_concurrent or limits.max_concurrent_episodes
     if live:
@@ -203,10 +222,22 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentgrad-tool") as pool:
             if isinstance(policy, SessionPolicy):
                 _run_continuous(policy, codec, episodes, live, pool, sampling, limits, processor, masker,
-                                max_concurrent)
+                                max_concurrent, calls)
             else:
                 _run_rounds(policy, codec, episodes, live, pool, sampling, limits, processor, masker, max_concurrent)
     return [finish_episode(ep, policy_version) for ep in episodes]
+
+
+def _head_calls(policy: Policy, codec: ChatCodec, sampling: SamplingParams, limits: RolloutLimits,
+                tool_head: ToolHead | None, num_rows: int) -> HeadCalls | None:
+    if limits.action_head == "tokens":
+        return None
+    head = tool_head if tool_head is not None else getattr(policy, "tool_head", None)
+    if head is None:
+        raise ValueError("rollout.action_head=factored needs a tool head (the policy has none)")
+    if not isinstance(policy, SessionPolicy):
+        raise ValueError("rollout.action_head=factored needs a policy with incremental sessions (e.g. HFPolicy)")
+    return HeadCalls(head, codec, sampling, num_rows)
 
 
 def _chain(first: LogitsProcessor | None, then: LogitsProcessor | None) -> LogitsProcessor | None:
@@ -216,9 +247,25 @@ def _chain(first: LogitsProcessor | None, then: LogitsProcessor | None) -> Logit
     return lambda row, generated, logits: then(row, generated, first(row, generated, logits))
 
 
-def _start_turn(masker: EpisodeMasks | None, i: int, ep: _Episode) -> None:
+def _start_turn(masker: EpisodeMasks | None, i: int, ep: _Episode, calls: HeadCalls | None = None,
+                budget: int = 0) -> None:
     if masker is not None:
         masker.start_turn(i, ep.env.legal_actions())
+    if calls is not None:
+        calls.start_turn(i, ep.env.legal_actions(), budget)
+
+
+def _head_turn(calls: HeadCalls, session: DecodeSession, masker: EpisodeMasks | None, i: int, ep: _Episode,
+               gen: Generation) -> tuple[Generation, Sequence[HeadSpan]] | None:
+    """A turn's generation under a factored head: None when the turn goes on (a name was chosen and written
+    in), else the whole turn and its head decisions."""
+    if gen.finish_reason != "pause":
+        return calls.finish(i, gen)
+    ids = calls.decide(i, gen, len(ep.token_ids), masker)
+    if ids is None:
+        return calls.cut(i), ()
+    session.submit(i, ids, calls.remaining(i))
+    return None
 
 
 def _turn_masks(masker: EpisodeMasks | None, i: int) -> list[TokenMask]:
@@ -228,20 +275,23 @@ def _turn_masks(masker: EpisodeMasks | None, i: int) -> list[TokenMask]:
 def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Episode], live: list[int],
                     pool: ThreadPoolExecutor, sampling: SamplingParams, limits: RolloutLimits,
                     logits_processor: LogitsProcessor | None, masker: EpisodeMasks | None,
-                    max_concurrent: int) -> None:
+                    max_concurrent: int, calls: HeadCalls | None = None) -> None:
     waiting = deque(live)
     in_tools: dict[Future, int] = {}
     turn_sampling = dataclasses.replace(sampling, max_new_tokens=limits.max_new_tokens_per_turn)
     capacity = max(1, min(max_concurrent, len(live)))
+    head_kw = {} if calls is None else {"pause": calls.pause}
+    if calls is not None:
+        logits_processor = calls.processor(logits_processor)
     with policy.session(turn_sampling, logits_processor, max_sequences=capacity,
-                        max_tokens=limits.max_total_tokens) as session:
+                        max_tokens=limits.max_total_tokens, **head_kw) as session:
         in_flight = 0
 
         def admit() -> None:
             nonlocal in_flight
             while waiting and in_flight < capacity:
                 i = waiting.popleft()
-                _start_turn(masker, i, episodes[i])
+                _start_turn(masker, i, episodes[i], calls, _turn_budget(episodes[i], limits))
                 session.submit(i, episodes[i].token_ids, _turn_budget(episodes[i], limits))
                 in_flight += 1
 
@@ -255,7 +305,13 @@ def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Epi
         while in_flight:
             if session.has_work:
                 for i, gen in session.step():
-                    actions = begin_turn(episodes[i], gen, codec, limits, _turn_masks(masker, i))
+                    spans: Sequence[HeadSpan] = ()
+                    if calls is not None:
+                        whole = _head_turn(calls, session, masker, i, episodes[i], gen)
+                        if whole is None:
+                            continue
+                        gen, spans = whole
+                    actions = begin_turn(episodes[i], gen, codec, limits, _turn_masks(masker, i), spans)
                     if episodes[i].done:
                         retire(i)
                     else:
@@ -276,7 +332,7 @@ def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Epi
                 if episodes[i].done:
                     retire(i)
                 else:
-                    _start_turn(masker, i, episodes[i])
+                    _start_turn(masker, i, episodes[i], calls, _turn_budget(episodes[i], limits))
                     session.submit(i, obs_ids, _turn_budget(episodes[i], limits))
 
 
@@ -311,7 +367,8 @@ def _run_rounds(policy: Policy, codec: ChatCodec, episodes: list[_Episode], live
 
 def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: ChatCodec,
                       limits: RolloutLimits) -> Trajectory:
-    """A demonstration encoded through the very path a rollout takes (same template, same observation ids)."""
+    """A demonstration encoded through the very path a rollout takes (same template, same observation ids).
+    Under `limits.action_head == "factored"` each call's name is recorded as a head decision (loss_mask 0)."""
     ep = start_episode(env, task, codec, seed=0)
     for action in actions:
         if ep.done:
@@ -323,7 +380,9 @@ def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: Ch
         else:
             raise ValueError("expert actions must be ToolCall or FinalAnswer")
         ids = codec.assistant_ids(msg)
-        advance(ep, Generation(tuple(ids), (0.0,) * len(ids), "stop"), codec, limits)
+        spans = (expert_spans(codec, ids, action if isinstance(action, ToolCall) else None, env.legal_actions().tools)
+                 if limits.action_head == "factored" else ())
+        advance(ep, Generation(tuple(ids), (0.0,) * len(ids), "stop"), codec, limits, spans)
     if not ep.done:
         raise ValueError(f"expert actions for {task.task_id} did not finish the episode")
     return finish_episode(ep)

@@ -1,0 +1,158 @@
+"""The factored (category -> tool) head wired into the real loop: the real tiny model, api-catalog, the engine."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from agentgrad.backends.base import SamplingParams
+from agentgrad.backends.hf import HFPolicy, TorchLearner
+from agentgrad.batch import collate
+from agentgrad.data.store import from_json, to_json
+from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
+from agentgrad.models.factored_head import FactoredToolHead
+from agentgrad.rollout.loop import RolloutLimits, expert_trajectory, run_episodes
+from agentgrad.rollout.parser import OPEN
+
+PUBLIC = frozenset(s.name for s in catalog() if not s.auth)
+LIMITS = RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400, action_head="factored")
+
+
+def _force_open(open_id):
+    def force(row, generated, logits):
+        if not generated:  # an untrained model rarely opens a call by itself
+            return torch.full_like(logits, float("-inf")).index_fill(0, torch.tensor([open_id]), 0.0)
+        return logits
+    return force
+
+
+def _setup(loaded_tiny, codec):
+    torch.manual_seed(0)
+    head = FactoredToolHead(loaded_tiny.model.config.hidden_size, [(s.name, s.category) for s in catalog()])
+    policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
+    suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
+    open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
+    return head, policy, suite, _force_open(open_id)
+
+
+def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny, codec):
+    """Acceptance: api-catalog before login (only public APIs legal), real rollouts through the continuous
+    engine. Every name the head chose is legal and written in with loss_mask 0 and logprob 0; the recorded
+    logprob equals log p(category) + log p(tool | category) recomputed afterwards from the model's hidden state
+    at the decision position; decisions round-trip through the store's JSON."""
+    head, policy, suite, force = _setup(loaded_tiny, codec)
+    tasks = suite.sample_tasks(12, split="train", seed=0)
+    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS,
+                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force, tool_head=head)
+    decisions = [(t, d) for t in trajs for d in t.head_decisions]
+    assert len(decisions) >= len(trajs)
+    assert {d.tool for _, d in decisions} <= PUBLIC
+    assert len({d.tool for _, d in decisions}) > 6  # the untrained head is near uniform over the legal tools
+    for t, d in decisions:
+        assert set(d.legal) == PUBLIC
+        assert list(t.token_ids[d.position + 1:d.end]) == codec.encode(d.tool)
+        assert set(t.loss_mask[d.position + 1:d.end]) == {0} and set(t.logprobs[d.position + 1:d.end]) == {0.0}
+        assert t.loss_mask[d.position] == 1  # the header's last token was sampled by the LM
+        assert codec.decode(t.token_ids[:d.end]).endswith('{"name": "' + d.tool)
+        assert t.turns[0].text.find(f'"{d.tool}"') > 0  # the LM closed the name the head chose, as it was
+
+    body = loaded_tiny.model.model
+    with torch.no_grad():
+        for t, d in decisions:
+            hidden = body(input_ids=torch.tensor([t.token_ids[:d.position + 1]])).last_hidden_state[0, -1]  # (H,)
+            legal = head.legal_mask([frozenset(d.legal)])  # (1, N)
+            cat_logits, tool_logits = head.category_head(hidden), head.tool_head(hidden)
+            k = head.tool_names.index(d.tool)
+            c = int(head.tool_category[k])
+            legal_cats = sorted({int(head.tool_category[i]) for i in legal[0].nonzero().squeeze(-1).tolist()})
+            log_p_cat = torch.log_softmax(cat_logits[legal_cats], -1)[legal_cats.index(c)]
+            in_cat = [i for i in range(len(head.tool_names)) if legal[0, i] and int(head.tool_category[i]) == c]
+            log_p_tool = torch.log_softmax(tool_logits[in_cat], -1)[in_cat.index(k)]
+            assert abs((log_p_cat + log_p_tool).item() - d.logprob) < 1e-4
+            assert abs(head(hidden[None], legal)[0, k].item() - d.logprob) < 1e-4
+    assert all(from_json(to_json(t)) == t for t in trajs)
+
+    # RL: the learner scores each decision as one more action (at the name's first token) with the head
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_tools=head.tool_names)
+    learner = TorchLearner(copy.deepcopy(loaded_tiny.model), lr=1e-2, tool_head=head)  # the fixture stays as is
+    lp = learner.logprobs(batch, temperature=1.0)  # (B, T)
+    at = (batch.head.row, batch.head.score_position)
+    assert batch.loss_mask[at].eq(1).all()
+    torch.testing.assert_close(lp[at], batch.old_logprobs[at], atol=1e-4, rtol=0)
+    torch.testing.assert_close(batch.old_logprobs[at], torch.tensor([d.logprob for _, d in decisions]))
+    forced = torch.zeros_like(batch.loss_mask)
+    forced[torch.arange(len(trajs)), [t.prompt_length for t in trajs]] = 1  # the forced <tool_call> token
+    assert ((lp - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs().max() < 1e-4  # exact ratios
+    before = head.tool_head.weight.detach().clone()
+    learner.step(-(lp * batch.loss_mask).sum())  # a policy-gradient step reaches the head
+    assert not torch.equal(before, head.tool_head.weight)
+
+
+def test_greedy_head_takes_the_argmax_and_seeded_rollouts_repeat(loaded_tiny, codec):
+    head, policy, suite, force = _setup(loaded_tiny, codec)
+    tasks = suite.sample_tasks(4, split="train", seed=1)
+
+    def run(temperature):
+        return run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS,
+                            sampling=SamplingParams(temperature=temperature, seed=3), logits_processor=force,
+                            tool_head=head)
+
+    a, b = run(1.0), run(1.0)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.head_decisions for t in a] == [t.head_decisions for t in b]
+    with torch.no_grad():
+        for t in run(0.0):
+            for d in t.head_decisions:
+                hidden = loaded_tiny.model.model(input_ids=torch.tensor([t.token_ids[:d.position + 1]])
+                                                 ).last_hidden_state[0, -1]
+                logp = head(hidden[None], head.legal_mask([PUBLIC]))[0]
+                assert head.tool_names[int(logp.argmax())] == d.tool
+
+
+def test_expert_demos_mark_names_as_head_decisions(loaded_tiny, codec):
+    """BC data for the head: each expert call's name is a decision (the login-gated call after the login sees
+    the full catalog as legal) and its tokens leave the LM's loss."""
+    suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
+    task = suite.sample_tasks(1, split="train", seed=0)[0]
+    limits = RolloutLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000, action_head="factored")
+    plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec,
+                              RolloutLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000))
+    demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
+    calls = [a.name for a in suite.expert_actions(task) if hasattr(a, "name")]
+    assert [d.tool for d in demo.head_decisions] == calls
+    assert demo.token_ids == plain.token_ids and not plain.head_decisions
+    named = sum(d.end - d.position - 1 for d in demo.head_decisions)
+    assert sum(plain.loss_mask) - sum(demo.loss_mask) == named > 0
+    assert set(demo.head_decisions[0].legal) == PUBLIC and len(demo.head_decisions[-1].legal) == len(catalog())
+
+
+def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
+    """`agentgrad train env=api-catalog rollout.action_head=factored`: BC moves the head's weights (its loss is
+    beside the LM's), the checkpoint holds them (tool_head.pt), and a run built from it loads them."""
+    from agentgrad.config import build_config
+    from agentgrad.pipelines.components import build_components
+    from agentgrad.pipelines.train import train
+
+    config = build_config(overrides=[
+        "env=api-catalog", "rollout.action_head=factored", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+        "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+        "model.tiny.tokenizer_corpus_episodes=50", "bc.steps=3", "bc.batch_size_episodes=4", "bc.num_demos=8",
+        "bc.stop_at_success=null", "algo.steps=1", "algo.tasks_per_step=2", "algo.group_size=2",
+        "algo.epochs_per_step=1", "eval.num_tasks=2", "run.progress=false", "run.threads=1",
+        "run.checkpoint_every=1", f"run.output_dir={tmp_path}", "run.name=run"])
+    summary = train(config)
+    run_dir = tmp_path / "run"
+    rows = [__import__("json").loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss/bc_head" in r for r in rows if r["stage"] == "bc")
+    fresh = build_components(config, tmp_path / "fresh")
+    saved = build_components(config, tmp_path / "x", model_path=run_dir / "checkpoints" / "bc")
+    assert (run_dir / "checkpoints" / "final" / "tool_head.pt").exists()
+    assert saved.tool_head is not None and saved.policy.tool_head is saved.tool_head
+    assert not torch.equal(saved.tool_head.tool_head.weight, fresh.tool_head.tool_head.weight)
+    assert summary["bc_steps"] == 3
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "LATEST").read_text().strip()
+    assert (latest / "tool_head.pt").exists()
+    resumed = build_components(config, tmp_path / "y", model_path=latest)  # what --resume builds
+    final = build_components(config, tmp_path / "z", model_path=run_dir / "checkpoints" / "final")
+    assert torch.equal(resumed.tool_head.tool_head.weight, final.tool_head.tool_head.weight)
