@@ -66,15 +66,14 @@ def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: in
     picked = rng.sample(demos, min(cfg.batch_size_episodes, len(demos)))
     batch = collate(picked, pad_token_id=c.pad_token_id)
     if c.tool_head is None:
-        logprobs = c.learner.logprobs(batch)  # (B, T)
-        loss = sft_loss(logprobs, batch.loss_mask)
-        metrics = c.learner.step(loss)
-        return {"loss/bc": loss.item(), "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens),
-                **metrics}
-    token_loss, head_loss = bc_losses_with_head(c, picked, batch)
-    metrics = c.learner.step(token_loss + cfg.head_loss_coef * head_loss)
-    return {"loss/bc": token_loss.item(), "loss/bc_head": head_loss.item(), "train/lr": lr,
-            "perf/policy_tokens": float(batch.num_policy_tokens), **metrics}
+        token_loss, head = sft_loss(c.learner.logprobs(batch), batch.loss_mask), {}
+        metrics = c.learner.step(token_loss)
+    else:
+        token_loss, head_loss = bc_losses_with_head(c, picked, batch)
+        metrics = c.learner.step(token_loss + cfg.head_loss_coef * head_loss)
+        head = {"loss/bc_head": head_loss.item()}
+    return {"loss/bc": token_loss.item(), **head, "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens),
+            **metrics}
 
 
 def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBatch) -> tuple[Tensor, Tensor]:
