@@ -167,9 +167,7 @@ class TorchLearner:
         lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
                                                batch.logit_masks)  # (B, T), (B, T, H)
         h = batch.head
-        logp = self.tool_head(hidden[h.row, h.position], h.legal)  # (D, N)
-        if temperature > 0 and temperature != 1.0:
-            logp = torch.log_softmax(logp / temperature, -1)
+        logp = self.tool_head(hidden[h.row, h.position], h.legal, temperature)  # (D, N)
         return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
 
     def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,

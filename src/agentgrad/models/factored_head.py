@@ -49,19 +49,22 @@ class FactoredToolHead(nn.Module):
         return torch.tensor([[n in names for n in self.tool_names] for names in legal_names], dtype=torch.bool,
                             device=device)
 
-    def forward(self, hidden: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
-        """hidden (B, H) at the call position, legal (B, N) bool -> (B, N) log p(tool), -inf where illegal."""
-        return factored_tool_logprobs(self.category_head(hidden), self.tool_head(hidden), self.tool_category, legal)
+    def forward(self, hidden: torch.Tensor, legal: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """hidden (B, H) at the call position, legal (B, N) bool -> (B, N) log p(tool), -inf where illegal; at a
+        temperature other than 1 (or 0: greedy) the tempered distribution, which sampler and learner share."""
+        logp = factored_tool_logprobs(self.category_head(hidden), self.tool_head(hidden), self.tool_category, legal)
+        if temperature > 0 and temperature != 1.0:
+            logp = torch.log_softmax(logp / temperature, -1)
+        return logp
 
     def choose(self, hidden: torch.Tensor, legal: torch.Tensor, *, temperature: float = 1.0,
                generator: torch.Generator | None = None) -> ToolChoice:
         """Sample (or, at temperature 0, take the argmax of) the joint distribution; logprob is the sampled one's."""
-        logp = self(hidden, legal)  # (B, N)
+        logp = self(hidden, legal, temperature)  # (B, N)
         if temperature == 0:
             index = logp.argmax(-1)
         else:
-            index = torch.multinomial(torch.softmax(logp / temperature, -1), 1, generator=generator).squeeze(-1)
-            logp = torch.log_softmax(logp / temperature, -1)
+            index = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
         return ToolChoice(index, logp.gather(-1, index[:, None]).squeeze(-1))
 
     def decide(self, hidden: torch.Tensor, legal: frozenset[str], *, temperature: float,
@@ -69,9 +72,8 @@ class FactoredToolHead(nn.Module):
         """One row for the agent loop: hidden (H,) -> (tool name, logprob), drawn by inverse CDF with `uniform`
         (keyed by the episode and position, so seeded rollouts repeat); temperature 0 takes the argmax."""
         mask = self.legal_mask([legal], device=hidden.device)  # (1, N)
-        logp = self(hidden[None].to(self.tool_head.weight.dtype), mask)  # (1, N)
+        logp = self(hidden[None].to(self.tool_head.weight.dtype), mask, temperature)  # (1, N)
         if temperature > 0:
-            logp = torch.log_softmax(logp / temperature, -1)
             index = int(sample_rows(logp, torch.tensor([uniform], dtype=torch.float64))[0])
         else:
             index = int(logp.argmax(-1))
