@@ -32,6 +32,9 @@ class TinyModelConfig(_Section):
     intermediate_size: int = Field(384, gt=0, description="MLP width of the tiny model.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary trained locally (digits are single tokens).")
     tokenizer_corpus_episodes: int = Field(400, gt=0, description="Expert episodes rendered to train the tokenizer.")
+    init_std: float = Field(0.06, gt=0, description="Std of the tiny model's initial weights (HF's "
+                            "initializer_range). HF's 0.02 left BC on a loss plateau for 200 to 600+ steps, "
+                            "seed- and CPU-dependent; 0.06 leaves it within ~80 (docs/learning.md).")
 
 
 class ModelConfig(_Section):
@@ -96,9 +99,15 @@ class BCConfig(_Section):
     stop_at_success: float | None = Field(0.25, ge=0, le=1, description="Stop BC early once greedy success on "
                                           "validation tasks (the suite's 'test' split, never the held-out one) "
                                           "reaches this; None trains all bc.steps.")
-    eval_every: int = Field(5, gt=0, description="Steps between validation checks when stop_at_success is set "
-                                                 "(BC success here can jump 20% -> 98% within 25 steps).")
+    eval_every: int = Field(2, gt=0, description="Steps between validation checks when stop_at_success is set, "
+                            "until a check sees any success; from then on every step (BC's phase change takes the "
+                            "tiny model from 0% to 80% validation success within ~10 steps).")
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
+    stop_window: int = Field(2, gt=0, description="Validation checks averaged by the stop rule: BC stops once the "
+                             "mean of the last stop_window checks reaches stop_at_success, so one lucky check of "
+                             "eval_tasks tasks does not decide where RL starts.")
+    keep_best: bool = Field(True, description="When BC uses all bc.steps without reaching stop_at_success, hand on "
+                            "the weights of its best validation check (by the same smoothed signal), not the last.")
     head_loss_coef: float = Field(1.0, ge=0, description="Weight of the factored head's loss (mean NLL of the "
                                   "expert's tool per call) added to the token loss; rollout.action_head=factored only.")
 

@@ -46,7 +46,8 @@ def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = 512):
 
 
 def build_tiny_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
-                     num_kv_heads: int = 2, intermediate_size: int = 384, max_positions: int = 1024, seed: int = 0):
+                     num_kv_heads: int = 2, intermediate_size: int = 384, max_positions: int = 1024, seed: int = 0,
+                     init_std: float = 0.06):
     """A randomly initialised Qwen2ForCausalLM sized for CPU training (~1M parameters at the defaults)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -61,6 +62,7 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
+        initializer_range=init_std,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,

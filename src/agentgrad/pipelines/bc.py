@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import torch
 from torch import Tensor
 
 from agentgrad.algos.losses import sft_loss
@@ -93,6 +95,46 @@ def validation_success(c: Components) -> float:
                     split="test", batch_size=c.config.eval.batch_size).success_rate
 
 
+@dataclass
+class StopRule:
+    """BC's stopping rule. BC on a tiny model crosses a sharp phase change (0% -> 80% validation success within
+    ~30 steps), so one check of a few dozen tasks is a noisy place to decide where RL starts: the rule stops on
+    the mean of the last `window` checks, and remembers the weights of the best such mean so that a BC that
+    never reaches `target` hands on its best policy rather than its last."""
+
+    target: float
+    window: int
+    checks: list[float] = field(default_factory=list)
+    best: float = -1.0
+    best_step: int = 0
+    best_state: dict[str, Tensor] | None = None
+
+    @property
+    def smoothed(self) -> float:
+        recent = self.checks[-self.window:]
+        return sum(recent) / len(recent)
+
+    def observe(self, success: float, step: int, model: torch.nn.Module, keep_best: bool) -> bool:
+        """Record a check; True when BC should stop."""
+        self.checks.append(success)
+        if self.smoothed > self.best:
+            self.best, self.best_step = self.smoothed, step
+            if keep_best:
+                self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        return len(self.checks) >= self.window and self.smoothed >= self.target
+
+
+def _warn_if_stalled(c: Components, logger: RunLogger, rule: StopRule, step: int, warned: bool) -> bool:
+    """Say so at half the budget when BC is nowhere near its target, instead of only after the whole budget."""
+    cfg = c.config.bc
+    if warned or step < cfg.steps // 2 or rule.best >= rule.target / 4:
+        return warned
+    logger.display.print(f"warning: BC is at step {step} of {cfg.steps} and its validation success is still "
+                         f"{max(rule.best, 0):.0%} (target {rule.target:.0%}): it may not leave its plateau "
+                         f"within bc.steps (see docs/learning.md)")
+    return True
+
+
 def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None,
            on_step: Callable[[int, Mapping[str, float]], bool] | None = None) -> int:
     """Returns the number of BC steps taken (fewer than bc.steps when stop_at_success was reached, or when
@@ -102,28 +144,38 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
         return 0
     demos = demos if demos is not None else expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
     rng = random.Random(c.config.run.seed)
+    rule = StopRule(cfg.stop_at_success, cfg.stop_window) if cfg.stop_at_success is not None else None
+    warned = False
     logger.display.start("bc", cfg.steps)
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         metrics = bc_step(c, demos, rng, step)
         metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
         reached = False
-        if cfg.stop_at_success is not None and (step + 1) % cfg.eval_every == 0:
+        every = 1 if rule is not None and rule.best > 0 else cfg.eval_every
+        if rule is not None and (step + 1) % every == 0:
             metrics["eval/bc_validation_success"] = validation_success(c)
-            reached = metrics["eval/bc_validation_success"] >= cfg.stop_at_success
+            reached = rule.observe(metrics["eval/bc_validation_success"], step + 1, c.loaded.model, cfg.keep_best)
+            metrics["eval/bc_validation_smoothed"] = rule.smoothed
+            warned = _warn_if_stalled(c, logger, rule, step + 1, warned)
         reached = (on_step is not None and on_step(step + 1, metrics)) or reached
         if reached or (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
             logger.log(step + 1, "bc", metrics)
         if reached:
             if "eval/bc_validation_success" in metrics:
                 logger.display.print(f"BC stopped at step {step + 1}: validation success "
-                                     f"{metrics['eval/bc_validation_success']:.0%}")
+                                     f"{metrics['eval/bc_validation_smoothed']:.0%} (mean of the last "
+                                     f"{min(cfg.stop_window, len(rule.checks))} checks)")
             logger.display.stop()
             return step + 1
     logger.display.stop()
-    if cfg.stop_at_success is not None:
+    if rule is not None:
         # Not an error (RL may still work), but the run's premise failed: say so where the user looks.
+        kept = ""
+        if rule.best_state is not None and rule.best_step != cfg.steps:
+            c.loaded.model.load_state_dict(rule.best_state)
+            kept = f"; RL starts from its best check (step {rule.best_step}, {rule.best:.0%})"
         logger.display.print(f"warning: BC used all {cfg.steps} steps without reaching validation success "
-                             f"{cfg.stop_at_success:.0%}; RL starts from a weaker policy (raise bc.steps, or "
-                             f"see docs/design-notes.md on BC's plateau)")
+                             f"{cfg.stop_at_success:.0%}{kept} (raise bc.steps, or see docs/learning.md on BC's "
+                             f"plateau)")
     return cfg.steps
