@@ -189,6 +189,9 @@ class DPOConfig(_Section):
     epochs: int = Field(2, gt=0, description="Passes over each iteration's pairs.")
     batch_size_pairs: int = Field(16, gt=0, description="Pairs per optimizer step.")
     lr: float = Field(1e-4, gt=0, description="DPO learning rate.")
+    nll_coef: float = Field(1.0, ge=0, description="Weight of an NLL term on the chosen trajectories added to the "
+                            "DPO loss (RPO, Pang et al. 2024): plain DPO lowers the chosen ones' likelihood too, "
+                            "and from a 45% start it lost 15 points of held-out success here; 0 is plain DPO.")
 
 
 class StageConfig(_Section):

@@ -1,5 +1,7 @@
 """Online DPO from rollouts: pairs of a successful and a failed trajectory of the same task (sampled with the
-current policy), trained with the DPO loss (Rafailov et al. 2023) against the policy frozen at stage start.
+current policy), trained with the DPO loss (Rafailov et al. 2023) against the policy frozen at stage start,
+plus an NLL term on the chosen trajectories (`dpo.nll_coef`; Pang et al. 2024, "Iterative Reasoning Preference
+Optimization", whose pairs are correct and incorrect solutions as ours are).
 
 Log-probabilities are taken at temperature 1 (the model's own distribution, which DPO's implicit reward is
 defined on), on policy tokens only (`batch.loss_mask`), so observations and prompts never enter the margin.
@@ -15,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from agentgrad.algos.losses import dpo_loss, sequence_logprobs
+from agentgrad.algos.losses import dpo_loss, sequence_logprobs, sft_loss
 from agentgrad.backends.hf import token_logprobs
 from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import preference_pairs
@@ -49,11 +51,14 @@ def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chos
         for start in range(0, len(order), cfg.batch_size_pairs):
             rows = torch.tensor(order[start:start + cfg.batch_size_pairs])
             w, l = chosen.select(rows), rejected.select(rows)
-            out = dpo_loss(sequence_logprobs(c.learner.logprobs(w), w.loss_mask),
+            chosen_logprobs = c.learner.logprobs(w)  # (b, T)
+            out = dpo_loss(sequence_logprobs(chosen_logprobs, w.loss_mask),
                            sequence_logprobs(c.learner.logprobs(l), l.loss_mask),
                            ref_chosen[rows], ref_rejected[rows], beta=cfg.beta, label_smoothing=cfg.label_smoothing)
-            totals.update(c.learner.step(out.loss))
-            totals.update({"loss/dpo": out.loss.item(), "dpo/reward_margin": out.reward_margin.item(),
+            nll = sft_loss(chosen_logprobs, w.loss_mask)
+            totals.update(c.learner.step(out.loss + cfg.nll_coef * nll))
+            totals.update({"loss/dpo": out.loss.item(), "loss/dpo_nll": nll.item(),
+                           "dpo/reward_margin": out.reward_margin.item(),
                            "dpo/reward_accuracy": out.reward_accuracy.item()})
             n_updates += 1
     return {k: v / n_updates for k, v in totals.items()} | {"train/updates": float(n_updates)}

@@ -1,0 +1,92 @@
+"""BC's stop rule on scripted validation signals: smoothing, dense checks near the phase change, keep-best, and
+the early warning. No model is trained: `bc_step` and `validation_success` are replaced by scripts."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from agentgrad.config import build_config
+from agentgrad.logging import ProgressDisplay, RunLogger
+from agentgrad.pipelines import bc
+from agentgrad.pipelines.bc import StopRule
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict]] = []
+
+    def write(self, step, stage, metrics) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def close(self) -> None:
+        pass
+
+
+def test_one_lucky_check_does_not_stop_and_the_mean_of_the_window_does():
+    rule = StopRule(target=0.3, window=2)
+    model = torch.nn.Linear(2, 2)
+    assert not rule.observe(0.9, 2, model, keep_best=False)  # one check only: the window is not full
+    rule = StopRule(target=0.3, window=2)
+    assert not rule.observe(0.0, 2, model, keep_best=False)
+    assert not rule.observe(0.5, 3, model, keep_best=False)  # mean 0.25
+    # the window's mean, (0.5 + 0.125) / 2 = 0.3125, reaches 0.3; the whole history's, 0.208, would not
+    assert rule.observe(0.125, 4, model, keep_best=False)
+
+
+def test_keep_best_remembers_the_weights_of_the_best_smoothed_check():
+    model = torch.nn.Linear(1, 1, bias=False)
+    rule = StopRule(target=1.0, window=2)
+    for step, (weight, success) in enumerate([(1.0, 0.0), (2.0, 0.4), (3.0, 0.6), (4.0, 0.1)], start=1):
+        model.weight.data.fill_(weight)
+        rule.observe(success, step, model, keep_best=True)
+    # smoothed: 0.0, 0.2, 0.5, 0.35 -> best at step 3, whose weight was 3.0
+    assert rule.best == pytest.approx(0.5) and rule.best_step == 3
+    assert rule.best_state["weight"].item() == 3.0
+
+
+def _run(monkeypatch, script, *overrides):
+    """run_bc with scripted validation successes; returns (steps taken, checked steps, sink, printed lines)."""
+    checked: list[int] = []
+    step_box = {"step": 0}
+
+    def fake_step(c, demos, rng, step):
+        step_box["step"] = step + 1
+        c.loaded.model.weight.data.fill_(float(step + 1))
+        return {"loss/bc": 0.0, "perf/policy_tokens": 1.0}
+
+    def fake_validation(c):
+        checked.append(step_box["step"])
+        return script(step_box["step"])
+
+    monkeypatch.setattr(bc, "bc_step", fake_step)
+    monkeypatch.setattr(bc, "validation_success", fake_validation)
+    config = build_config(overrides=["run.progress=false", *overrides])
+    c = SimpleNamespace(config=config, loaded=SimpleNamespace(model=torch.nn.Linear(1, 1, bias=False)))
+    sink = _Sink()
+    printed: list[str] = []
+    display = ProgressDisplay(enabled=False)
+    monkeypatch.setattr(display, "print", printed.append)
+    steps = bc.run_bc(c, RunLogger([sink], display), demos=[object()])
+    return steps, checked, sink, printed, c
+
+
+def test_checks_every_eval_every_steps_then_every_step_once_any_succeeds(monkeypatch):
+    # A phase change: nothing until step 10, then +10 points a step.
+    script = lambda step: max(0.0, (step - 9) * 0.1)  # noqa: E731
+    steps, checked, _, printed, _ = _run(monkeypatch, script, "bc.steps=100", "bc.eval_every=4",
+                                         "bc.stop_at_success=0.3", "bc.stop_window=2")
+    # checks at 4, 8, 12 (0.3: the first success), then every step: 13 (0.4) -> mean 0.35 >= 0.3 stops
+    assert checked == [4, 8, 12, 13] and steps == 13
+    assert any("BC stopped at step 13" in line for line in printed)
+
+
+def test_a_bc_that_never_gets_there_hands_on_its_best_check_and_warns_at_half_budget(monkeypatch):
+    script = lambda step: {10: 0.1, 11: 0.1, 12: 0.0}.get(step, 0.0)  # noqa: E731
+    steps, checked, _, printed, c = _run(monkeypatch, script, "bc.steps=20", "bc.eval_every=5",
+                                         "bc.stop_at_success=0.9", "bc.stop_window=2")
+    assert steps == 20
+    # smoothed best: (0.1 + 0.1) / 2 at step 11 -> the weights written at step 11 are handed on
+    assert c.loaded.model.weight.item() == 11.0
+    assert any(line.startswith("warning: BC is at step 10 of 20") for line in printed), printed
+    assert any("RL starts from its best check (step 11, 10%)" in line for line in printed), printed
