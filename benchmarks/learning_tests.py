@@ -16,9 +16,24 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_one(seed: int, threads: int, k: str | None) -> tuple[int, int, bool, str, float]:
+    env = {**os.environ, "AGENTGRAD_TEST_SEED": str(seed), "AGENTGRAD_TEST_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-m", "learning", "-p", "no:cacheprovider",
+           *(["-k", k] if k else []), "tests/integration"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    learned = [line.strip() for line in out.splitlines() if re.match(r"^\s*learning: ", line)]
+    summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed)", line)),
+                   f"exit {proc.returncode}").strip("= ")
+    print(f"--- seed {seed}, {threads} thread(s): {summary}\n" + "".join(f"    {x}\n" for x in learned), flush=True)
+    return seed, threads, proc.returncode == 0, summary, time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,23 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("-k", default=None, help="pytest -k expression (a subset of the learning tests)")
+    ap.add_argument("--parallel", type=int, default=1, help="pytest processes at a time (one-thread combinations)")
     args = ap.parse_args(argv)
-    rows = []
-    for threads in args.threads:
-        for seed in args.seeds:
-            env = {**os.environ, "AGENTGRAD_TEST_SEED": str(seed), "AGENTGRAD_TEST_THREADS": str(threads)}
-            cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-m", "learning", "-p", "no:cacheprovider",
-                   *(["-k", args.k] if args.k else []), "tests/integration"]
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-            out = proc.stdout + proc.stderr
-            learned = [line.strip() for line in out.splitlines() if re.match(r"^\s*learning: ", line)]
-            summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed)", line)),
-                           f"exit {proc.returncode}")
-            rows.append((seed, threads, proc.returncode == 0, summary.strip("= "), time.perf_counter() - t0))
-            print(f"--- seed {seed}, {threads} thread(s): {summary.strip('= ')}", flush=True)
-            for line in learned:
-                print("   ", line, flush=True)
+    combos = [(seed, threads) for threads in args.threads for seed in args.seeds]
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        rows = list(pool.map(lambda st: run_one(*st, args.k), combos))
     print(f"\n{'seed':>4} {'thr':>3}  {'result':<40} {'wall s':>7}")
     for seed, threads, ok, summary, wall in rows:
         print(f"{seed:>4} {threads:>3}  {summary:<40} {wall:>7.0f}")
