@@ -48,10 +48,12 @@ def test_keep_best_remembers_the_weights_of_the_best_smoothed_check():
 def _run(monkeypatch, script, *overrides):
     """run_bc with scripted validation successes; returns (steps taken, checked steps, sink, printed lines)."""
     checked: list[int] = []
+    scales: list[float] = []
     step_box = {"step": 0}
 
-    def fake_step(c, demos, rng, step):
+    def fake_step(c, demos, rng, step, lr_scale=1.0):
         step_box["step"] = step + 1
+        scales.append(lr_scale)
         c.loaded.model.weight.data.fill_(float(step + 1))
         return {"loss/bc": 0.0, "perf/policy_tokens": 1.0}
 
@@ -68,16 +70,19 @@ def _run(monkeypatch, script, *overrides):
     display = ProgressDisplay(enabled=False)
     monkeypatch.setattr(display, "print", printed.append)
     steps = bc.run_bc(c, RunLogger([sink], display), demos=[object()])
+    c.lr_scales = scales
     return steps, checked, sink, printed, c
 
 
 def test_checks_every_eval_every_steps_then_every_step_once_any_succeeds(monkeypatch):
     # A phase change: nothing until step 10, then +10 points a step.
     script = lambda step: max(0.0, (step - 9) * 0.1)  # noqa: E731
-    steps, checked, _, printed, _ = _run(monkeypatch, script, "bc.steps=100", "bc.eval_every=4",
-                                         "bc.stop_at_success=0.3", "bc.stop_window=2")
+    steps, checked, _, printed, c = _run(monkeypatch, script, "bc.steps=100", "bc.eval_every=4",
+                                         "bc.stop_at_success=0.3", "bc.stop_window=2",
+                                         "bc.lr_scale_near_target=0.25")
     # checks at 4, 8, 12 (0.3: the first success), then every step: 13 (0.4) -> mean 0.35 >= 0.3 stops
     assert checked == [4, 8, 12, 13] and steps == 13
+    assert c.lr_scales == [1.0] * 12 + [0.25]  # the step after the first success runs at a quarter of the lr
     assert any("BC stopped at step 13" in line for line in printed)
 
 

@@ -61,9 +61,10 @@ def bc_lr(step: int, *, peak: float, warmup: int, total: int, schedule: str, flo
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: int) -> dict[str, float]:
+def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: int,
+            lr_scale: float = 1.0) -> dict[str, float]:
     cfg = c.config.bc
-    lr = bc_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, schedule=cfg.lr_schedule)
+    lr = lr_scale * bc_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, schedule=cfg.lr_schedule)
     c.learner.set_lr(lr)
     picked = rng.sample(demos, min(cfg.batch_size_episodes, len(demos)))
     batch = collate(picked, pad_token_id=c.pad_token_id)
@@ -148,11 +149,12 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
     warned = False
     logger.display.start("bc", cfg.steps)
     for step in range(cfg.steps):
+        near = rule is not None and rule.best > 0  # the phase change has begun: check every step, slow down
         t0 = time.perf_counter()
-        metrics = bc_step(c, demos, rng, step)
+        metrics = bc_step(c, demos, rng, step, lr_scale=cfg.lr_scale_near_target if near else 1.0)
         metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
         reached = False
-        every = 1 if rule is not None and rule.best > 0 else cfg.eval_every
+        every = 1 if near else cfg.eval_every
         if rule is not None and (step + 1) % every == 0:
             metrics["eval/bc_validation_success"] = validation_success(c)
             reached = rule.observe(metrics["eval/bc_validation_success"], step + 1, c.loaded.model, cfg.keep_best)
