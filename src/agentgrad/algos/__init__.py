@@ -1,7 +1,7 @@
-"""Pure tensor math for RL on token sequences: advantages, losses, KL, off-policy weights.
+"""Pure tensor math for RL on token sequences: advantages, losses, KL, off-policy weights, seeded sampling.
 
-Tensors in, tensors out. Imports nothing of agentgrad except `agentgrad.registry`. Conventions (shapes,
-masks, reward placement) are those of `agentgrad.batch`.
+Tensors in, tensors out. Imports nothing of agentgrad but `types`, `batch` and the leaf `registry` (checked by
+tests/unit/test_import_rules.py). Conventions (shapes, masks, reward placement) are those of `agentgrad.batch`.
 """
 
 from agentgrad.algos.advantages import (
