@@ -146,12 +146,23 @@ class AlgoConfig(_Section):
     kl_controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep kl_coef fixed, or adapt it "
                                                        "towards kl_target (Ziegler et al. 2019); logged as "
                                                        "train/kl_coef.")
-    kl_target: float = Field(0.05, gt=0, description="Adaptive controller: target KL per episode (nats, summed "
-                                                     "over the episode's policy tokens).")
+    kl_target: float = Field(0.05, gt=0, description="Adaptive controller: target KL of the rollout policy to the "
+                             "reference (k1, nats, mean over the step's episodes) in kl_target_unit.")
+    kl_target_unit: Literal["episode-sum", "token-mean"] = Field("episode-sum", description="What one episode's "
+                                  "KL is for kl_target: episode-sum sums it over the episode's policy tokens "
+                                  "(Ziegler et al. 2019); token-mean averages it per token, as verl does, so a "
+                                  "verl target_kl carries over only with token-mean.")
     kl_horizon_episodes: int = Field(2000, gt=0, description="Adaptive controller: horizon in episodes (larger "
                                                              "adapts the coefficient more slowly).")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator for the reference term.")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="Loss aggregation.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How per-token policy, KL and value losses become one number (verl's names): "
+        "token-mean over the batch's policy tokens (DAPO); seq-mean-token-mean, each episode's token mean then the "
+        "mean over episodes (GRPO); seq-mean-token-sum, each episode's token sum then the mean; "
+        "seq-mean-token-sum-norm, the sum over all policy tokens / loss_agg_norm (Dr.GRPO; with norm_by_std=False "
+        "it reproduces a verl Dr.GRPO run).")
+    loss_agg_norm: int | None = Field(None, gt=0, description="The constant divisor of seq-mean-token-sum-norm "
+                                      "(Dr.GRPO's generation budget); None: rollout.max_total_tokens.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     target_kl: float | None = Field(None, gt=0, description="Stop a step's remaining minibatch updates once the "
                                     "approx. KL to the sampling policy exceeds this (None: never).")

@@ -7,10 +7,12 @@ it forks (or execs, through the child's os.environ) carries it, so scanning /pro
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -197,24 +199,48 @@ def test_network_is_unreachable(pool, caps):
         listener.close()
 
 
+def _names_kept_under(directory: Path) -> set[str]:
+    """Entries the sandbox may show in a hidden directory: the first step towards the Python installation, which it
+    binds back read-only (e.g. a checkout's own .venv)."""
+    names = set()
+    for kept in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}:
+        if kept != directory and kept.is_relative_to(directory):
+            names.add(kept.relative_to(directory).parts[0])
+    return names
+
+
 def test_cannot_read_the_project_or_home(pool, caps):
+    """The promise, wherever the checkout lives: no file of the project, of $HOME or of the host's /tmp can be read
+    or listed from inside. A hidden directory may be absent inside (a checkout under /tmp, or under another hidden
+    path such as /work) or present and empty but for the path to the Python installation."""
     needs(caps, "filesystem_isolated")
     secret = uuid.uuid4().hex
-    home_file = Path.home() / f".agentgrad-sandbox-test-{secret[:8]}"
-    home_file.write_text(secret)
+    name = f".agentgrad-sandbox-test-{secret[:8]}"
+    host_tmp = Path(tempfile.mkdtemp(dir="/tmp"))
+    planted = [d / name for d in (REPO, Path.home(), host_tmp)]
+    for path in planted:
+        path.write_text(secret)
     try:
         pyproject = REPO / "pyproject.toml"
         first_line = pyproject.read_text().splitlines()[0]
-        for path in (pyproject, home_file, REPO / "src" / "agentgrad" / "tools" / "base.py"):
+        for path in (pyproject, REPO / "src" / "agentgrad" / "tools" / "base.py", *planted):
             r = attack(pool, f"print(open({str(path)!r}).read())")
             assert r.error_kind is ToolErrorKind.CRASHED, r.text
             assert secret not in r.text and first_line not in r.text
             assert "FileNotFoundError" in r.text or "PermissionError" in r.text
-        r = attack(pool, f"import os\nprint(os.listdir({str(Path.home())!r}), os.listdir({str(REPO)!r}))")
-        assert r.ok, r.text  # the directories exist but are empty (covered)
-        assert home_file.name not in r.text and "pyproject.toml" not in r.text
+        dirs = [str(p.parent) for p in planted]
+        r = attack(pool, "import json, os\nseen = {}\nfor d in " + repr(dirs) + ":\n    try:\n"
+                         "        seen[d] = sorted(os.listdir(d))\n    except OSError as e:\n"
+                         "        seen[d] = type(e).__name__\nprint(json.dumps(seen))")
+        assert r.ok, r.text
+        seen = json.loads(r.text.strip().splitlines()[-1])
+        for d in dirs:
+            assert seen[d] == "FileNotFoundError" or set(seen[d]) <= _names_kept_under(Path(d)), (d, seen[d])
+        assert secret not in r.text and name not in r.text and "pyproject.toml" not in r.text
     finally:
-        home_file.unlink()
+        for path in planted:
+            path.unlink()
+        host_tmp.rmdir()
 
 
 @pytest.mark.parametrize("where", ["repo", "home", "tmp", "etc"])

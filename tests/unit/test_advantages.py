@@ -236,6 +236,23 @@ def test_reinforce_pp_batch_normalisation_over_tokens():
 
 def test_masked_whiten_empty_mask_is_zero():
     assert masked_whiten(torch.ones(2, 3), torch.zeros(2, 3)).abs().sum() == 0
+    assert masked_whiten(torch.ones(2, 3), t([[1, 0, 0], [0, 0, 0]]), unbiased=True).abs().sum() == 0
+
+
+def test_masked_whiten_population_by_default_unbiased_as_verl():
+    x = t([[1.0, 2.0, 3.0, 99.0], [4.0, 99.0, 99.0, 99.0]])
+    mask = t([[1, 1, 1, 0], [1, 0, 0, 0]])
+    # masked entries 1, 2, 3, 4: mean 2.5, squared deviations 2.25 + 0.25 + 0.25 + 2.25 = 5
+    # population var 5 / 4 = 1.25, std 1.118034; unbiased (verl) var 5 / 3 = 1.666667, std 1.290994
+    pop, unb = math.sqrt(1.25) + 1e-6, math.sqrt(5 / 3) + 1e-6
+    dev = t([[-1.5, -0.5, 0.5, 0.0], [1.5, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(masked_whiten(x, mask), dev / pop)
+    torch.testing.assert_close(masked_whiten(x, mask, unbiased=True), dev / unb)
+    # the ratio is sqrt((n - 1) / n) = sqrt(3 / 4) = 0.866025 on every entry
+    ratio = masked_whiten(x, mask, unbiased=True)[mask > 0] / masked_whiten(x, mask)[mask > 0]
+    torch.testing.assert_close(ratio, torch.full((4,), math.sqrt(0.75)), atol=1e-5, rtol=0)
+    # scale=False only centres: 1 - 2.5 = -1.5, ...
+    torch.testing.assert_close(masked_whiten(x, mask, scale=False), dev)
 
 
 def test_reinforce_pp_equal_returns_give_exactly_zero():

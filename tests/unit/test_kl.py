@@ -9,7 +9,9 @@ import torch
 
 from agentgrad.algos.kl import (
     KL_CONTROLLERS,
+    K3_CAP,
     KL_ESTIMATORS,
+    KL_UNITS,
     AdaptiveKLController,
     FixedKLController,
     KLController,
@@ -17,6 +19,7 @@ from agentgrad.algos.kl import (
     kl_loss,
     kl_reward_penalty,
     make_kl_controller,
+    sequence_kl,
 )
 from agentgrad.registry import UnknownNameError
 
@@ -55,17 +58,44 @@ def test_k3():
     assert (kl_estimate(LOGP, REF) == kl_estimate(LOGP, REF, "k3")).all()  # k3 is the default
 
 
-def test_log_ratio_is_clamped_to_20():
+def test_log_ratio_is_clamped_to_20_and_k3_capped_at_10():
     logp = t([[0.0, -100.0]])
     ref = t([[-100.0, 0.0]])
-    # token 1: log r = -100 -> clamped to -20: k1 = 20, k3 = e^-20 - 1 + 20 = 19.000000002
-    # token 2: log r = +100 -> clamped to 20:  k1 = -20, k3 = e^20 - 1 - 20 = 485165174.4 (finite, not inf)
+    # token 1: log r = -100 -> clamped to -20: k1 = 20, k3 = e^-20 - 1 + 20 = 19.000000002 -> capped to 10
+    # token 2: log r = +100 -> clamped to 20:  k1 = -20, k3 = e^20 - 1 - 20 = 485165174.4 -> capped to 10
     close(kl_estimate(logp, ref, "k1"), [[20.0, -20.0]])
-    k3 = kl_estimate(logp.clone().requires_grad_(True), ref, "k3")
-    close(k3.detach(), [[19.0, math.exp(20) - 21]])
+    close(kl_estimate(logp, ref, "k3"), [[K3_CAP, K3_CAP]])
+    assert K3_CAP == 10.0  # verl's low_var_kl cap
     lp = logp.clone().requires_grad_(True)
     kl_estimate(lp, ref, "k3").sum().backward()
     assert torch.isfinite(lp.grad).all()
+
+
+def test_k3_cap_keeps_values_below_it_and_stops_gradient_above():
+    # log r = ln 2 -> k3 = 1 - ln 2 = 0.306853 (below the cap: unchanged, d k3 / d logp = -(r - 1) = -1)
+    # log r = 3    -> k3 = e^3 - 1 - 3 = 16.0855 -> 10, no gradient (the token adds a constant)
+    # log r = -9   -> k3 = e^-9 - 1 + 9 = 8.000123 (below the cap; large negative log r grows only linearly)
+    logp = t([[0.0, 0.0, 0.0]]).requires_grad_(True)
+    ref = t([[LN2, 3.0, -9.0]])
+    k3 = kl_estimate(logp, ref, "k3")
+    close(k3.detach(), [[1 - LN2, 10.0, math.exp(-9) + 8]], atol=1e-5, rtol=0)
+    k3.sum().backward()
+    # d k3 / d logp = -(d k3 / d log r) = -(r - 1): -1 for r = 2; 0 capped; -(e^-9 - 1) = 0.999877
+    close(logp.grad, [[-1.0, 0.0, 1 - math.exp(-9)]], atol=1e-5, rtol=0)
+
+
+def test_sequence_kl_units():
+    # k1 per token = log pi - log ref; row 1: ln 2, -ln 2, 2 ln 2 (3 policy tokens), row 2: one token, 0.5
+    logp = t([[LN2, 0.0, 2 * LN2], [0.5, 0.0, 0.0]])
+    ref = t([[0.0, LN2, 0.0], [0.0, 7.0, 7.0]])
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    # episode-sum: ln 2 - ln 2 + 2 ln 2 = 2 ln 2 = 1.386294; 0.5
+    close(sequence_kl(logp, ref, mask), [2 * LN2, 0.5])
+    # token-mean (verl's unit): 2 ln 2 / 3 = 0.462098; 0.5 / 1 = 0.5
+    close(sequence_kl(logp, ref, mask, unit="token-mean"), [2 * LN2 / 3, 0.5])
+    assert KL_UNITS == ("episode-sum", "token-mean")
+    with pytest.raises(ValueError, match="episode-sum, token-mean"):
+        sequence_kl(logp, ref, mask, unit="sum")
 
 
 def test_mask_zeroes_non_policy_tokens_and_kl_loss_aggregates():

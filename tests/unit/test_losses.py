@@ -45,6 +45,36 @@ def test_aggregate_modes():
     close(aggregate(values, mask, "token-mean"), 2.5)
     # seq-mean-token-mean: mean(mean(1, 2, 3), mean(4)) = (2 + 4) / 2 = 3
     close(aggregate(values, mask, "seq-mean-token-mean"), 3.0)
+    # seq-mean-token-sum: mean(1 + 2 + 3, 4) = (6 + 4) / 2 = 5
+    close(aggregate(values, mask, "seq-mean-token-sum"), 5.0)
+    # seq-mean-token-sum-norm: (1 + 2 + 3 + 4) / T = 10 / 3 (verl's default divisor: the padded length)
+    close(aggregate(values, mask, "seq-mean-token-sum-norm"), 10 / 3)
+    # ... or a constant (Dr.GRPO's max generation length): 10 / 8 = 1.25
+    close(aggregate(values, mask, "seq-mean-token-sum-norm", norm=8), 1.25)
+    # the other modes ignore norm
+    close(aggregate(values, mask, "token-mean", norm=8), 2.5)
+
+
+def test_token_sum_norm_does_not_depend_on_padding_or_length_mix():
+    # Dr.GRPO's point: with a constant divisor a token's gradient does not depend on its sequence's length or
+    # on how much padding the batch has. The same two sequences padded to T = 3 and to T = 6:
+    values = t([[1, 2, 3], [4, 0, 0]])
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    wide_values = torch.cat([values, torch.full((2, 3), NAN)], dim=1)  # (2, 6): padding holds garbage
+    wide_mask = torch.cat([mask, torch.zeros(2, 3)], dim=1)  # (2, 6)
+    # norm 8 for both: 10 / 8 = 1.25
+    close(aggregate(values, mask, "seq-mean-token-sum-norm", norm=8), 1.25)
+    close(aggregate(wide_values, wide_mask, "seq-mean-token-sum-norm", norm=8), 1.25)
+    # d/dv = 1 / 8 = 0.125 on every masked token, whichever sequence it is in (token-mean: 1/4; seq-mean-token-mean:
+    # 1/6 for the 3-token sequence's tokens, 1/2 for the 1-token one's)
+    v = values.clone().requires_grad_(True)
+    aggregate(v, mask, "seq-mean-token-sum-norm", norm=8).backward()
+    close(v.grad, [[0.125, 0.125, 0.125], [0.125, 0.0, 0.0]])
+    v = values.clone().requires_grad_(True)
+    aggregate(v, mask, "seq-mean-token-mean").backward()
+    close(v.grad, [[1 / 6, 1 / 6, 1 / 6], [0.5, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="positive norm"):
+        aggregate(values, mask, "seq-mean-token-sum-norm", norm=0)
 
 
 def test_aggregate_skips_rows_without_tokens_and_empty_mask_is_zero():
@@ -52,6 +82,8 @@ def test_aggregate_skips_rows_without_tokens_and_empty_mask_is_zero():
     mask = t([[1, 1], [0, 0]])
     # the all-zero row is not a sequence of the mean: (1 + 2) / 2 = 1.5, not 0.75
     close(aggregate(values, mask, "seq-mean-token-mean"), 1.5)
+    # likewise for the token sum: (1 + 2) / 1 = 3, not 1.5
+    close(aggregate(values, mask, "seq-mean-token-sum"), 3.0)
     v = values.clone().requires_grad_(True)
     for mode in AGGREGATIONS:
         out = aggregate(v, torch.zeros(2, 2), mode)
@@ -60,7 +92,9 @@ def test_aggregate_skips_rows_without_tokens_and_empty_mask_is_zero():
 
 
 def test_aggregate_unknown_mode_lists_valid_names():
-    with pytest.raises(UnknownNameError, match="seq-mean-token-mean, token-mean"):
+    assert AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                    "token-mean"]
+    with pytest.raises(UnknownNameError, match="seq-mean-token-sum-norm, token-mean"):
         aggregate(torch.zeros(1, 1), torch.ones(1, 1), "sum")
 
 
@@ -159,6 +193,9 @@ def test_ppo_seq_mean_token_mean():
     # token-mean: -(1 + 2 + 3 + 4) / 4 = -2.5; seq-mean-token-mean: -(2 + 4) / 2 = -3
     close(ppo_clip_loss(logp, old, adv, mask).loss, -2.5)
     close(ppo_clip_loss(logp, old, adv, mask, agg="seq-mean-token-mean").loss, -3.0)
+    # seq-mean-token-sum: -(6 + 4) / 2 = -5; seq-mean-token-sum-norm with norm 5: -(1 + 2 + 3 + 4) / 5 = -2
+    close(ppo_clip_loss(logp, old, adv, mask, agg="seq-mean-token-sum").loss, -5.0)
+    close(ppo_clip_loss(logp, old, adv, mask, agg="seq-mean-token-sum-norm", agg_norm=5).loss, -2.0)
 
 
 # ---- value --------------------------------------------------------------------------------------------------

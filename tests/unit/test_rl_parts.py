@@ -41,6 +41,23 @@ def test_adapt_kl_coef_updates_the_adaptive_controller():
     assert rl.adapt_kl_coef(state, _batch(ref_logprobs=None)) == {}
 
 
+def test_adapt_kl_coef_in_verls_unit_feeds_the_per_token_mean():
+    # algo.kl_target_unit=token-mean: the episode's k1 sum -0.5 over its 2 policy tokens -> -0.25 per token
+    # (verl's current_kl); error clip(-0.25 / 1 - 1, -0.2, 0.2) = -0.2 -> coef 0.1 * 0.98 = 0.098.
+    state = rl.RLState(rl.ONLINE_ALGORITHMS.get("ppo"), reference=None,
+                       kl_controller=AdaptiveKLController(0.1, 1.0, 10), critic=None)
+    assert rl.adapt_kl_coef(state, _batch(), "token-mean") == {"rollout/kl_ref": pytest.approx(-0.25)}
+    assert state.kl_controller.value == pytest.approx(0.098)
+
+
+def test_token_sum_norm_divisor_is_a_run_constant():
+    # Dr.GRPO divides by a constant: the configured one, else rollout.max_total_tokens (320 in tiny-cpu).
+    c = SimpleNamespace(config=build_config(overrides=["algo.loss_agg=seq-mean-token-sum-norm"]))
+    assert rl.agg_norm(c) == c.config.rollout.max_total_tokens == 320
+    c = SimpleNamespace(config=build_config(overrides=["algo.loss_agg_norm=1000"]))
+    assert rl.agg_norm(c) == 1000
+
+
 def test_ppo_advantages_are_gae_then_whitened():
     # Policy tokens 1, 2; reward 1 on token 2; values V1 = 0.5, V2 = 0.8; gamma = lambda = 1.
     # delta2 = 1 - 0.8 = 0.2 -> A2 = 0.2; delta1 = 0 + 0.8 - 0.5 = 0.3 -> A1 = 0.3 + 0.2 = 0.5.

@@ -4,10 +4,10 @@ forward; per-row sampling does not depend on which rows share a step; shared pro
 import pytest
 import torch
 
+from agentgrad.algos.sampling import counter_uniform, next_token_logprobs, sample_rows
 from agentgrad.backends import hf_engine
 from agentgrad.backends.base import SamplingParams, SessionPolicy
 from agentgrad.backends.hf import HFPolicy, token_logprobs
-from agentgrad.backends.sampling import counter_uniform, next_token_logprobs, sample_rows
 
 
 @pytest.fixture(params=["lean", "transformers"])

@@ -148,21 +148,30 @@ def turn_returns(token_rewards: Tensor, loss_mask: Tensor, gamma: float) -> tupl
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6, *, shift_mean: bool = True,
-                  scale: bool = True) -> Tensor:
-    """(x - mean) / (std + eps) over the entries where mask is set; zero elsewhere. The std is the population
-    std (no Bessel correction), as for per-token whitening in PPO implementations (e.g. OpenRLHF, verl).
-    Returns zeros if the mask is empty. Statistics are computed in float64, so that equal entries give exactly 0
-    rather than float32 rounding residue divided by eps; the result has the dtype of `x`."""
+                  scale: bool = True, unbiased: bool = False) -> Tensor:
+    """(x - mean) / (std + eps) over the entries where mask is set; zero elsewhere (batch-level advantage
+    normalisation, as in PPO implementations since Schulman et al. 2017's baselines; REINFORCE++, Hu 2025).
+
+    What we compute, and where verl's `masked_whiten` differs:
+    - the std is the population std (divide by n) by default; `unbiased=True` divides by n - 1 (Bessel), as verl
+      does: results then differ by a factor sqrt((n - 1) / n), 0.5% at n = 100 policy tokens;
+    - eps is added to the std; verl adds 1e-8 to the variance inside the root. The two differ only when the
+      std is near 0, where ours gives exactly 0 for equal entries (see below);
+    - `shift_mean=False` divides x itself by the std; verl's adds the mean back after whitening;
+    - `scale=False` only centres (Dr.GRPO-style, no std).
+    Returns zeros if the mask is empty (or, unbiased, has one entry: no variance to estimate). Statistics are
+    computed in float64, so that equal entries give exactly 0 rather than float32 rounding residue divided by eps;
+    the result has the dtype of `x`."""
     m = mask > 0  # (B, T)
     n = m.sum()
-    if n == 0:
+    if n == 0 or (unbiased and scale and n == 1):
         return torch.zeros_like(x)
     x64 = _wide(x)  # (B, T)
     zeros = torch.zeros_like(x64)  # (B, T)
     mean = torch.where(m, x64, zeros).sum() / n
     centred = x64 - mean if shift_mean else x64  # (B, T)
     if scale:
-        var = torch.where(m, (x64 - mean) ** 2, zeros).sum() / n
+        var = torch.where(m, (x64 - mean) ** 2, zeros).sum() / (n - 1 if unbiased else n)
         centred = centred / (var.sqrt() + eps)
     return torch.where(m, centred, zeros).to(x.dtype)  # (B, T)
 

@@ -6,11 +6,13 @@ KL(pi || pi_ref) from tokens sampled from pi. With r = pi_ref(x) / pi(x) and log
 
     "k1":  -log r                 unbiased, high variance, can be negative  (= logprobs - ref_logprobs)
     "k2":  0.5 * (log r)^2        biased (low for close policies), low variance, >= 0
-    "k3":  (r - 1) - log r        unbiased, low variance, >= 0
+    "k3":  (r - 1) - log r        unbiased, low variance, >= 0; capped at K3_CAP = 10 per token
 
 log r is clamped to [-20, 20] before any estimator sees it: exp(20) ~ 5e8 is already a meaningless estimate,
 and the clamp keeps k3's exp from overflowing to inf (and its gradient from becoming NaN) when the policy has
-drifted far on one token. Gradients do not flow through clamped positions.
+drifted far on one token. Gradients do not flow through clamped positions. Even so one token could reach
+e^20 ~ 5e8 under k3 and swamp the batch, so k3 is also capped at 10, as verl's "low_var_kl" is (Sheng et al.
+2024, "HybridFlow"; verl `core_algos.kl_penalty`): beyond it the token adds a constant and no gradient.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from agentgrad.registry import Registry
 
 __all__ = [
     "LOG_RATIO_CLAMP",
+    "K3_CAP",
+    "KL_UNITS",
+    "sequence_kl",
     "KL_ESTIMATORS",
     "kl_estimate",
     "kl_loss",
@@ -37,6 +42,7 @@ __all__ = [
 ]
 
 LOG_RATIO_CLAMP = 20.0
+K3_CAP = 10.0
 
 KLEstimator = Callable[[Tensor], Tensor]
 """Maps the clamped log-ratio log r = ref_logprobs - logprobs (B, T) to a per-token KL estimate (B, T)."""
@@ -58,8 +64,8 @@ def _k2(log_r: Tensor) -> Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def _k3(log_r: Tensor) -> Tensor:
-    """k3 = (r - 1) - log r (Schulman 2020); expm1 keeps precision when r is close to 1."""
-    return torch.expm1(log_r) - log_r  # (B, T)
+    """k3 = (r - 1) - log r (Schulman 2020), at most K3_CAP; expm1 keeps precision when r is close to 1."""
+    return (torch.expm1(log_r) - log_r).clamp(max=K3_CAP)  # (B, T)
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3", loss_mask: Tensor | None = None) -> Tensor:
@@ -82,10 +88,31 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3", loss_m
 
 
 def kl_loss(logprobs: Tensor, ref_logprobs: Tensor, loss_mask: Tensor, *, kind: str = "k3",
-            agg: str = "token-mean") -> Tensor:
+            agg: str = "token-mean", agg_norm: float | None = None) -> Tensor:
     """KL(pi || pi_ref) as a loss term (GRPO, Shao et al. 2024, eq. 4, uses "k3"): `kl_estimate` aggregated over
-    the masked tokens with `losses.aggregate(agg)`. Scalar; the caller multiplies by its coefficient."""
-    return aggregate(kl_estimate(logprobs, ref_logprobs, kind, loss_mask), loss_mask, agg)
+    the masked tokens with `losses.aggregate(agg, norm=agg_norm)`. Scalar; the caller multiplies by its
+    coefficient."""
+    return aggregate(kl_estimate(logprobs, ref_logprobs, kind, loss_mask), loss_mask, agg, norm=agg_norm)
+
+
+KL_UNITS = ("episode-sum", "token-mean")
+"""What one sequence's KL is, for the adaptive controller: "episode-sum" sums the per-token KL over the policy
+tokens (Ziegler et al. 2019 measure KL of a whole sample); "token-mean" averages it (verl's `apply_kl_penalty`),
+so a verl `target_kl` carries over only under "token-mean"."""
+
+
+def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, loss_mask: Tensor, *, unit: str = "episode-sum",
+                kind: str = "k1") -> Tensor:
+    """KL(pi || pi_ref) of each sequence (B,) from the (B, T) logprobs of its sampled tokens, in `unit` (one of
+    `KL_UNITS`); a sequence without policy tokens has KL 0. k1 by default, as the controller's measurement in
+    Ziegler et al. 2019 and verl."""
+    if unit not in KL_UNITS:
+        raise ValueError(f"unknown KL unit {unit!r}; valid: {', '.join(KL_UNITS)}")
+    kl = kl_estimate(logprobs, ref_logprobs, kind, loss_mask)  # (B, T)
+    total = kl.sum(dim=-1)  # (B,)
+    if unit == "episode-sum":
+        return total
+    return total / (loss_mask > 0).sum(dim=-1).clamp(min=1)  # (B,)
 
 
 def kl_reward_penalty(token_rewards: Tensor, kl: Tensor, coef: float | Tensor, loss_mask: Tensor) -> Tensor:
@@ -146,6 +173,8 @@ class AdaptiveKLController:
         coef <- coef * (1 + e * n_steps / horizon)
 
     `n_steps` counts what `horizon` counts (e.g. episodes in the batch that produced `current_kl`).
+    `current_kl` and `target` share a unit, which the caller picks (`sequence_kl`, `KL_UNITS`): KL summed over
+    an episode, or verl's per-token mean; the same target means very different coefficients under the two.
     `state_dict` saves the current coefficient (and, for reference, target and horizon); `load_state_dict`
     restores only the coefficient, so a resumed run keeps its configured target and horizon.
     """

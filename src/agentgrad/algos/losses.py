@@ -34,7 +34,9 @@ __all__ = [
     "sequence_logprobs",
 ]
 
-Aggregation = Callable[[Tensor, Tensor], Tensor]
+Aggregation = Callable[[Tensor, Tensor, "float | None"], Tensor]
+"""(values (B, T), mask (B, T), norm) -> scalar. `norm` is the constant divisor of "seq-mean-token-sum-norm";
+the other modes ignore it (one signature for the registry)."""
 
 AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
@@ -44,37 +46,65 @@ def _masked(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(m, values, torch.zeros_like(values)), m  # (B, T), (B, T)
 
 
+def _mean_over_sequences(per_seq: Tensor, m: Tensor) -> Tensor:
+    """Mean of (B,) per-sequence values over the sequences with at least one masked token."""
+    has = m.any(dim=-1)  # (B,)
+    return torch.where(has, per_seq, torch.zeros_like(per_seq)).sum() / has.sum().clamp(min=1)
+
+
 @AGGREGATIONS.register("token-mean")
-def _token_mean(values: Tensor, mask: Tensor) -> Tensor:
+def _token_mean(values: Tensor, mask: Tensor, norm: float | None = None) -> Tensor:
     """Sum over all masked tokens of the batch / number of masked tokens: every token weighs the same, so long
-    sequences weigh more (DAPO, Yu et al. 2025, "token-level policy gradient loss"; Dr.GRPO, Liu et al. 2025)."""
+    sequences weigh more (DAPO, Yu et al. 2025, "token-level policy gradient loss")."""
     v, m = _masked(values, mask)  # (B, T)
     return v.sum() / m.sum().clamp(min=1)
 
 
 @AGGREGATIONS.register("seq-mean-token-mean")
-def _seq_mean_token_mean(values: Tensor, mask: Tensor) -> Tensor:
+def _seq_mean_token_mean(values: Tensor, mask: Tensor, norm: float | None = None) -> Tensor:
     """Mean over each sequence's masked tokens, then mean over the sequences that have any masked token: every
     sequence weighs the same (the original GRPO objective, Shao et al. 2024, eq. 3)."""
     v, m = _masked(values, mask)  # (B, T)
-    n_tok = m.sum(dim=-1)  # (B,)
-    per_seq = v.sum(dim=-1) / n_tok.clamp(min=1)  # (B,)
-    has = n_tok > 0  # (B,)
-    return torch.where(has, per_seq, torch.zeros_like(per_seq)).sum() / has.sum().clamp(min=1)
+    return _mean_over_sequences(v.sum(dim=-1) / m.sum(dim=-1).clamp(min=1), m)  # (B,) -> ()
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
-    """Reduce per-token `values` (B, T) over `mask` (B, T) to a scalar with an `AGGREGATIONS` mode:
+@AGGREGATIONS.register("seq-mean-token-sum")
+def _seq_mean_token_sum(values: Tensor, mask: Tensor, norm: float | None = None) -> Tensor:
+    """Sum over each sequence's masked tokens, then mean over the sequences that have any: a sequence weighs by
+    its length, and the scale grows with it (verl's `agg_loss` mode of this name)."""
+    v, m = _masked(values, mask)  # (B, T)
+    return _mean_over_sequences(v.sum(dim=-1), m)  # (B,) -> ()
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(values: Tensor, mask: Tensor, norm: float | None = None) -> Tensor:
+    """Sum over all masked tokens of the batch / a constant `norm` (default T, the padded length, as verl does):
+    Dr.GRPO's unbiased aggregation (Liu et al. 2025, "Understanding R1-Zero-Like Training", sec. 3.1), which
+    replaces GRPO's 1/|o_i| by a constant so that neither length nor batch composition rescales a token's
+    gradient. As in verl it is not divided by the number of sequences, so its scale grows with the batch."""
+    v, _ = _masked(values, mask)  # (B, T)
+    divisor = float(norm) if norm is not None else float(values.shape[-1])
+    if divisor <= 0:
+        raise ValueError(f"seq-mean-token-sum-norm needs a positive norm, got {divisor}")
+    return v.sum() / divisor
+
+
+def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean", *, norm: float | None = None) -> Tensor:
+    """Reduce per-token `values` (B, T) over `mask` (B, T) to a scalar with an `AGGREGATIONS` mode (the names and
+    the meaning of verl's `agg_loss`; sequences with no masked token are left out of the "seq-mean" means, which
+    only differs from verl for such rows):
 
     - "token-mean": sum over masked tokens / number of masked tokens in the batch;
-    - "seq-mean-token-mean": per-sequence token mean, then mean over sequences with at least one masked token.
+    - "seq-mean-token-mean": per-sequence token mean, then mean over sequences;
+    - "seq-mean-token-sum": per-sequence token sum, then mean over sequences;
+    - "seq-mean-token-sum-norm": sum over all masked tokens / `norm` (a constant; None: T, as verl).
 
     An empty mask gives 0 (still connected to the graph of `values`). Unknown modes raise `UnknownNameError`
     listing the valid ones.
     """
     if values.shape != mask.shape:
         raise ValueError(f"values shape {tuple(values.shape)} != mask shape {tuple(mask.shape)}")
-    return AGGREGATIONS.get(mode)(values, mask)
+    return AGGREGATIONS.get(mode)(values, mask, norm)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -108,6 +138,7 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg: str = "token-mean",
+    agg_norm: float | None = None,
     is_weights: Tensor | None = None,
 ) -> PolicyLoss:
     """Clipped surrogate policy loss (PPO, Schulman et al. 2017, eq. 7), negated for minimisation:
@@ -121,7 +152,8 @@ def ppo_clip_loss(
     - `is_weights` (B, T) multiply the per-token loss (off-policy correction, see `off_policy.importance_weights`);
       they are used as given (callers truncate/detach them).
 
-    All per-token inputs are (B, T); only tokens with loss_mask == 1 count. Aggregated with `aggregate(agg)`.
+    All per-token inputs are (B, T); only tokens with loss_mask == 1 count. Aggregated with
+    `aggregate(agg, norm=agg_norm)`.
     """
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
@@ -151,7 +183,7 @@ def ppo_clip_loss(
         pg_losses = torch.where(adv < 0, torch.minimum(pg_losses, pg_losses3), pg_losses)  # (B, T)
     if is_weights is not None:
         pg_losses = pg_losses * torch.where(m, is_weights.to(pg_losses.dtype), zeros)  # (B, T)
-    loss = aggregate(pg_losses, loss_mask, agg)
+    loss = aggregate(pg_losses, loss_mask, agg, norm=agg_norm)
 
     with torch.no_grad():
         mf = m.to(logprobs.dtype)  # (B, T)
@@ -179,6 +211,7 @@ def value_loss(
     *,
     clip: float | None = 0.2,
     agg: str = "token-mean",
+    agg_norm: float | None = None,
 ) -> ValueLoss:
     """Clipped value loss (PPO as implemented in OpenAI baselines; Schulman et al. 2017; Andrychowicz et al.
     2021, "What Matters in On-Policy RL", sec. 3.2):
@@ -186,7 +219,8 @@ def value_loss(
         V_clip = old_values + clip(values - old_values, -clip, clip)
         L = 0.5 * max((values - returns)^2, (V_clip - returns)^2)
 
-    `clip=None` gives the plain 0.5 * squared error. Per-token inputs (B, T); aggregated with `aggregate(agg)`.
+    `clip=None` gives the plain 0.5 * squared error. Per-token inputs (B, T); aggregated with
+    `aggregate(agg, norm=agg_norm)`.
     """
     for name, t in (("old_values", old_values), ("returns", returns), ("loss_mask", loss_mask)):
         if t.shape != values.shape:
@@ -207,7 +241,7 @@ def value_loss(
         vf_losses2 = (v_clipped - ret) ** 2  # (B, T)
         losses = 0.5 * torch.maximum(vf_losses1, vf_losses2)  # (B, T)
         clipped = vf_losses2 > vf_losses1  # (B, T)
-    loss = aggregate(losses, loss_mask, agg)
+    loss = aggregate(losses, loss_mask, agg, norm=agg_norm)
     clipfrac = masked_mean(clipped.to(values.dtype), m.to(values.dtype)).detach()
     return ValueLoss(loss, clipfrac)
 

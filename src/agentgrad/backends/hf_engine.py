@@ -17,8 +17,8 @@ from typing import Hashable, Sequence
 
 import torch
 
+from agentgrad.algos.sampling import counter_uniform, next_token_logprobs, sample_rows
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
-from agentgrad.backends.sampling import counter_uniform, next_token_logprobs, sample_rows
 
 
 class SlotCache:

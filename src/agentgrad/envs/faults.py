@@ -8,26 +8,22 @@ seed and the order of calls, so a resumed run injects the same faults as an unin
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
 
-from agentgrad.envs.base import ActionMask, Env, StepResult
+from agentgrad.envs.base import Env, StepResult
+from agentgrad.envs.wrappers import Wrapper
 from agentgrad.types import Action, ToolCall
 
 
-class FaultInjectingEnv:
+class FaultInjectingEnv(Wrapper):
+    """Only `step` differs from the wrapped env (every other attribute is the wrapped env's: see `Wrapper`)."""
+
     def __init__(self, env: Env, rate: float, seed: int) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {rate}")
-        self.env = env
+        super().__init__(env)
         self.rate = rate
         self._rng = random.Random(seed)
         self.injected = 0
-
-    def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return self.env.reset(seed=seed, options=options)
-
-    def legal_actions(self) -> ActionMask:
-        return self.env.legal_actions()
 
     def step(self, action: Action) -> StepResult:
         if isinstance(action, ToolCall) and self._rng.random() < self.rate:

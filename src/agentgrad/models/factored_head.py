@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from agentgrad.algos.constrained import factored_tool_logprobs
-from agentgrad.backends.sampling import sample_rows
+from agentgrad.algos.sampling import sample_rows
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from agentgrad.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageParams, masked_whiten
-from agentgrad.algos.kl import KLController, kl_estimate, kl_loss, kl_reward_penalty, make_kl_controller
+from agentgrad.algos.kl import (KLController, kl_estimate, kl_loss, kl_reward_penalty, make_kl_controller,
+                               sequence_kl)
 from agentgrad.algos.losses import masked_mean, ppo_clip_loss, value_loss
 from agentgrad.algos.values import explained_variance
 from agentgrad.backends.base import SamplingParams
@@ -203,11 +204,10 @@ def add_values(state: RLState, batch: TokenBatch) -> TokenBatch:
     return batch.replace(values=state.critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask))
 
 
-def rollout_kl(batch: TokenBatch) -> torch.Tensor:
-    """Per-episode KL(behaviour || reference), summed over each episode's policy tokens (k1, as Ziegler et al.
-    2019 measure it for the controller): (B,)."""
-    kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, "k1", batch.loss_mask)  # (B, T)
-    return kl.sum(dim=1)  # (B,)
+def rollout_kl(batch: TokenBatch, unit: str = "episode-sum") -> torch.Tensor:
+    """Per-episode KL(behaviour || reference) in algo.kl_target_unit (k1, as Ziegler et al. 2019 measure it for
+    the controller): (B,)."""
+    return sequence_kl(batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, unit=unit)  # (B,)
 
 
 @torch.no_grad()
@@ -231,11 +231,11 @@ def correct_replayed(c: Components, batch: TokenBatch, num_fresh: int) -> tuple[
     return off_policy_correction(c.config, batch, proximal_logprobs(c, batch), replayed)
 
 
-def adapt_kl_coef(state: RLState, batch: TokenBatch) -> dict[str, float]:
+def adapt_kl_coef(state: RLState, batch: TokenBatch, unit: str = "episode-sum") -> dict[str, float]:
     """Feed the measured KL to the controller (a no-op for the fixed one); the next step uses the new value."""
     if batch.ref_logprobs is None:
         return {}
-    kl = rollout_kl(batch).mean().item()
+    kl = rollout_kl(batch, unit).mean().item()
     state.kl_controller.update(kl, n_steps=batch.num_sequences)
     return {"rollout/kl_ref": kl}
 
@@ -280,17 +280,23 @@ def shuffled_rows(group_index: torch.Tensor, minibatch_size: int, generator: tor
     return by_group[torch.randperm(len(by_group), generator=generator)].flatten()  # (B,)
 
 
+def agg_norm(c: Components) -> int:
+    """seq-mean-token-sum-norm's divisor: a constant for the whole run (Dr.GRPO), never the batch's own width."""
+    return c.config.algo.loss_agg_norm or c.config.rollout.max_total_tokens
+
+
 def policy_loss(c: Components, mb: TokenBatch, kl_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
     algo = c.config.algo
     logprobs = c.learner.logprobs(mb, temperature=c.config.rollout.temperature)  # (b, T)
     pl = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=algo.clip_low,
                        clip_high=algo.clip_high, dual_clip=algo.dual_clip, agg=algo.loss_agg,
-                       is_weights=mb.is_weights)
+                       agg_norm=agg_norm(c), is_weights=mb.is_weights)
     metrics = {"loss/policy": pl.loss.item(), "loss/clipfrac": pl.clipfrac.item(),
                "loss/approx_kl_old": pl.approx_kl.item()}
     loss = pl.loss
     if mb.ref_logprobs is not None and algo.kl_mode == "loss":
-        kl = kl_loss(logprobs, mb.ref_logprobs, mb.loss_mask, kind=algo.kl_estimator, agg=algo.loss_agg)
+        kl = kl_loss(logprobs, mb.ref_logprobs, mb.loss_mask, kind=algo.kl_estimator, agg=algo.loss_agg,
+                     agg_norm=agg_norm(c))
         loss = loss + kl_coef * kl
         metrics["loss/kl"] = kl.item()
     return loss, metrics
@@ -299,7 +305,7 @@ def policy_loss(c: Components, mb: TokenBatch, kl_coef: float) -> tuple[torch.Te
 def value_update(c: Components, critic: Critic, mb: TokenBatch) -> dict[str, float]:
     values = critic.values(mb.input_ids, mb.attention_mask, mb.loss_mask)  # (b, T)
     vl = value_loss(values, mb.values, mb.returns, mb.loss_mask, clip=c.config.critic.value_clip,
-                    agg=c.config.algo.loss_agg)
+                    agg=c.config.algo.loss_agg, agg_norm=agg_norm(c))
     return {"loss/value": vl.loss.item(), "loss/value_clipfrac": vl.clipfrac.item(), **critic.step(vl.loss)}
 
 
@@ -403,7 +409,7 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
         batch = add_values(state, batch)
         batch = compute_advantages(c, batch, state.algorithm)
         metrics |= policy_update(c, batch, state, step)
-        metrics |= adapt_kl_coef(state, batch)
+        metrics |= adapt_kl_coef(state, batch, c.config.algo.kl_target_unit)
         metrics |= critic_metrics(batch)
     else:  # dynamic sampling found no group with signal
         metrics |= {"train/updates": 0.0, "train/no_signal_steps": 1.0}

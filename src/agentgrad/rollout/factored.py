@@ -19,8 +19,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from agentgrad.algos.sampling import counter_uniform
 from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
-from agentgrad.backends.sampling import counter_uniform
 from agentgrad.envs.base import ActionMask
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, ToolNameDecoder, tool_name_decoder
