@@ -64,7 +64,7 @@ class TaskSuite(Protocol):
 
 
 # Factories taking the suite's options (a plain mapping from config `env.options`).
-SUITES: Registry[Any] = Registry("task suite")
+SUITES: Registry[Any] = Registry("task suite", plugins=True, entry_point_group="agentgrad.suites")
 
 
 class EnvCheckError(AssertionError):

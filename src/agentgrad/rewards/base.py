@@ -11,7 +11,6 @@ wrapper (`with_timeout`) and `load_reward`, which resolves a registered name or 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol, Sequence, Union
 
 from agentgrad.envs.base import TaskSuite
-from agentgrad.registry import Registry
+from agentgrad.registry import ImportRefError, Registry, import_ref
 from agentgrad.types import RewardBreakdown, ScoredTrajectory, Trajectory
 
 
@@ -234,19 +233,10 @@ def with_timeout(fn: RewardFn, seconds: float) -> TimedReward:
 
 
 def _import_ref(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise RewardSpecError(f"reward reference {spec!r} must look like 'package.module:callable'")
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RewardSpecError(f"cannot import module {module_name!r} for reward {spec!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise RewardSpecError(f"module {module_name!r} has no attribute {attr!r} (reward {spec!r})") from None
-    return obj
+        return import_ref(spec, what="reward")
+    except ImportRefError as exc:
+        raise RewardSpecError(str(exc)) from None
 
 
 def _suite_parameter(obj: Any) -> inspect.Parameter | None:
