@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping
 
-from agentgrad.envs.base import ActionMask, Env, StepResult
+from agentgrad.envs.base import ActionMask, Env, StepResult, close_env
 from agentgrad.types import Action, ToolCall
 
 
@@ -28,6 +28,9 @@ class FaultInjectingEnv:
 
     def legal_actions(self) -> ActionMask:
         return self.env.legal_actions()
+
+    def close(self) -> None:
+        close_env(self.env)
 
     def step(self, action: Action) -> StepResult:
         if isinstance(action, ToolCall) and self._rng.random() < self.rate:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import TokenBatch, collate, collate_head
+from agentgrad.envs.base import close_env
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.evaluate import evaluate
@@ -27,14 +28,17 @@ class DemoLimitError(ValueError):
 def expert_demos(c: Components, n: int, seed: int) -> list[Trajectory]:
     tasks = c.suite.sample_tasks(n, split="train", seed=seed)
     env = c.suite.make_env()
-    demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
+    try:
+        demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
+    finally:
+        close_env(env)
     check_demos_fit(demos, c.limits)
     return demos
 
 
 def check_demos_fit(demos: list[Trajectory], limits: RolloutLimits) -> None:
     """Fail fast (and say which limit to raise) instead of cloning episodes the policy could never finish."""
-    cut = [d for d in demos if d.stop_reason is not StopReason.ANSWERED]
+    cut = [d for d in demos if d.stop_reason not in (StopReason.ANSWERED, StopReason.ENV_TERMINATED)]  # a game ends itself
     long_turns = [t.end - t.start for d in demos for t in d.turns if t.end - t.start > limits.max_new_tokens_per_turn]
     if not cut and not long_turns:
         return

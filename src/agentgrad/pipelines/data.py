@@ -22,6 +22,7 @@ from agentgrad.backends.hf import token_logprobs
 from agentgrad.config import Config
 from agentgrad.data.offline import LogFormatError, encode_episode, read_log, to_chat_line
 from agentgrad.data.store import TrajectoryStore
+from agentgrad.envs.base import episode_success
 from agentgrad.models.hf import load_model
 from agentgrad.pipelines.components import inference, make_suite, quiet_hf
 from agentgrad.rewards.base import apply_reward, load_reward
@@ -100,7 +101,7 @@ def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
                 success = parsed.success if parsed.success is not None else parsed.reward > 0
             else:
                 reward = apply_reward(reward_fn, traj)
-                success = suite.verify(traj.task, traj.final_answer)
+                success = episode_success(suite, traj)
             masked += int(reward.masked)
             pending.append(ScoredTrajectory(traj, reward, bool(success)))
             n += 1

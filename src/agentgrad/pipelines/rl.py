@@ -26,7 +26,7 @@ from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import select_signal_groups
 from agentgrad.data.replay import ReplayBuffer
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.envs.base import Env
+from agentgrad.envs.base import Env, close_envs
 from agentgrad.envs.faults import FaultInjectingEnv
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
@@ -124,9 +124,12 @@ def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: 
     r = c.config.rollout
     sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
                               seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
-    trajectories = run_episodes(c.policy, c.codec, [make_env(c, step, i) for i in range(len(repeated))], repeated,
-                                sampling=sampling, limits=c.limits,
-                                sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
+    envs = [make_env(c, step, i) for i in range(len(repeated))]
+    try:
+        trajectories = run_episodes(c.policy, c.codec, envs, repeated, sampling=sampling, limits=c.limits,
+                                    sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
+    finally:
+        close_envs(envs)
     scored = score(trajectories, c.reward_fn, c.suite)
     groups = [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
     return mask_tool_faults(groups) if c.config.faults.mask_tool_faults else groups
