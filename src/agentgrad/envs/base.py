@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentgrad.registry import Registry
-from agentgrad.types import Action, FinalAnswer, InvalidAction, Task, ToolCall, Trajectory
+from agentgrad.types import Action, FinalAnswer, InvalidAction, Message, StopReason, Task, ToolCall, Trajectory, Turn
 
 
 @dataclass(frozen=True)
@@ -221,25 +221,12 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
             raise SuiteCheckError(f"the {a} and {b} splits share {len(hashes[a] & hashes[b])} task(s)")
         if prompts[a] & prompts[b] and source == "verifier":  # a game may show every task the same prompt
             raise SuiteCheckError(f"the {a} and {b} splits share prompts, e.g. {sorted(prompts[a] & prompts[b])[0]!r}")
+    episodes = []
     for task in splits["train"]:
-        actions = list(suite.expert_actions(task))
-        env = suite.make_env()
-        try:
-            env.reset(seed=seed, options={"task": task})
-            answer, info, ended = None, {}, False
-            for action in actions:
-                if ended:
-                    raise SuiteCheckError(f"expert acts after the episode ended ({task.task_id})")
-                if not env.legal_actions().allows(action):
-                    raise SuiteCheckError(f"expert action {action} is masked out ({task.task_id})")
-                _, _, terminated, truncated, info = env.step(action)
-                ended = terminated or truncated
-                if isinstance(action, FinalAnswer):
-                    answer = action.text
-            if not ended:
-                raise SuiteCheckError(f"the expert's actions do not end the episode ({task.task_id})")
-        finally:
-            close_env(env)
+        episode = expert_episode(suite, task, seed=seed)
+        if episode.stop_reason is StopReason.MAX_TURNS:
+            raise SuiteCheckError(f"the expert's actions do not end the episode ({task.task_id})")
+        answer, info = episode.final_answer, episode.final_info
         if not outcome_success(suite, task, answer, info):
             raise SuiteCheckError(f"the expert fails {task.task_id} (success from {source}; answer {answer!r}, "
                                   f"env info {dict(info)!r})")
@@ -247,6 +234,7 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
             raise SuiteCheckError(f"the verifier accepts an empty answer for {task.task_id}")
         if source != "verifier" and info.get("success") is not True:
             raise SuiteCheckError(f"the env did not report info['success'] = True after the expert ({task.task_id})")
+        episodes.append(episode)
     for task in splits["heldout"][:env_checks]:
         env = suite.make_env()
         try:
@@ -255,5 +243,40 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
             raise SuiteCheckError(f"check_env on {task.task_id}: {exc}") from None
         finally:
             close_env(env)
-    return {"success_from": source, "expert_tasks": len(splits["train"]),
-            "distinct_tasks": {s: len(h) for s, h in hashes.items()}}
+    return {"success_from": source, "expert_tasks": len(episodes),
+            "distinct_tasks": {s: len(h) for s, h in hashes.items()}, "episodes": episodes}
+
+
+def expert_episode(suite: Any, task: Task, *, seed: int = 0) -> Trajectory:
+    """The expert's episode on `task` through a fresh env, as a token-free Trajectory (no tokenizer needed:
+    `token_ids` are empty, turns carry the text, actions, observations, env rewards and `final_info`), for
+    `check_suite` and for trying a reward function on it. Raises SuiteCheckError for an illegal action or one
+    after the episode ended."""
+    env = suite.make_env()
+    try:
+        obs, info = env.reset(seed=seed, options={"task": task})
+        messages = ([Message("system", info["system"])] if info.get("system") else []) + [Message("user", obs)]
+        turns: list[Turn] = []
+        stop, final_info = StopReason.MAX_TURNS, {}
+        for action in suite.expert_actions(task):
+            if stop is not StopReason.MAX_TURNS:
+                raise SuiteCheckError(f"expert acts after the episode ended ({task.task_id})")
+            if not env.legal_actions().allows(action):
+                raise SuiteCheckError(f"expert action {action} is masked out ({task.task_id})")
+            obs, reward, terminated, truncated, info = env.step(action)
+            ended = terminated or truncated or isinstance(action, FinalAnswer)
+            text = action.text if isinstance(action, FinalAnswer) else ""
+            turns.append(Turn(0, 0, text, action, None if ended else obs, tool_ok=info.get("tool_ok"),
+                              tool_error=info.get("tool_error"), signals=info.get("signals", {}),
+                              env_reward=float(reward)))
+            calls = (action,) if isinstance(action, ToolCall) else ()
+            messages.append(Message("assistant", text, tool_calls=calls))
+            if not ended:
+                messages.append(Message("tool", obs))
+            else:
+                final_info = dict(info)
+                stop = StopReason.ANSWERED if isinstance(action, FinalAnswer) else StopReason.ENV_TERMINATED
+    finally:
+        close_env(env)
+    return Trajectory(task=task, token_ids=(), loss_mask=(), logprobs=(), prompt_length=0, turns=tuple(turns),
+                      stop_reason=stop, messages=tuple(messages), final_info=final_info)
