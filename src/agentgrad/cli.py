@@ -49,12 +49,13 @@ def train(
     from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
     from agentgrad.pipelines.bc import DemoLimitError
+    from agentgrad.pipelines.data import DemoLoadError
     from agentgrad.pipelines.train import train as run_train
 
     from agentgrad.registry import ImportRefError, UnknownNameError
     from agentgrad.rewards.base import RewardSpecError
 
-    plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError)  # a user's suite, tool or reward
+    plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError)  # user code and data
     try:
         summary = run_train(config, run_dir=resume, resume=resume is not None)
     except (ModelLoadError, FileExistsError, NonFiniteLossError, DemoLimitError, *plugin_errors) as exc:
@@ -234,6 +235,36 @@ def data_export(
 
     typer.echo(json.dumps({"episodes": export_chat_log(build_config(preset, overrides or []), store, out),
                            "out": str(out)}))
+
+
+@data_app.command("expert")
+def data_expert(
+    out: Path = typer.Option(..., "--out", help="JSONL chat log to write."),
+    episodes: int = typer.Option(1000, "--episodes", help="Expert episodes (train split) to write."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the train-task stream."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env) naming the suite."),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env."),
+) -> None:
+    """Write the suite's expert episodes as an OpenAI-format chat log (what `bc.demos` and `data import` read)."""
+    from agentgrad.config import ConfigError, build_config
+    from agentgrad.data.offline import to_chat_line
+    from agentgrad.envs import SUITES, SuiteCheckError
+    from agentgrad.envs.base import close_env, episode_success, expert_episode
+
+    try:
+        config = build_config(preset, overrides or [])
+        suite = SUITES.get(config.env.name)(**config.env.options)
+        env = suite.make_env()  # for each task's tool schemas (a jsonl task has its own)
+        with out.open("w", encoding="utf-8") as fh:
+            for task in suite.sample_tasks(episodes, split="train", seed=seed):
+                ep = expert_episode(suite, task)
+                _, info = env.reset(seed=0, options={"task": task})
+                fh.write(json.dumps(to_chat_line(ep, success=episode_success(suite, ep), tools=info.get("tools")))
+                         + "\n")
+        close_env(env)
+    except (ConfigError, SuiteCheckError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({"episodes": episodes, "out": str(out)}))
 
 
 def main() -> None:

@@ -102,6 +102,10 @@ class BCConfig(_Section):
                                              "with stop_at_success).")
     batch_size_episodes: int = Field(32, gt=0, description="Expert episodes per BC step.")
     num_demos: int = Field(2000, gt=0, description="Distinct expert episodes generated for BC.")
+    demos: str | None = Field(None, description="Clone logged expert trajectories instead of the suite's expert: "
+                              "an OpenAI-format chat log with tool calls (JSONL, the format `agentgrad data import` "
+                              "reads, docs/replay.md) or a store directory; encoded with the run's own tokenizer, "
+                              "bad lines counted and reported. None: bc.num_demos episodes of the suite's expert.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of BC (linear warm-up, cosine decay).")
     warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
     lr_schedule: Literal["cosine", "constant"] = Field("constant", description="LR after warm-up: cosine decay "
@@ -462,6 +466,9 @@ def build_config(preset: str | None = DEFAULT_PRESET, overrides: Sequence[str] =
         tree = _merge(tree, layer)
     if isinstance(tree.get("env"), dict) and isinstance(tree["env"].get("options"), Mapping):
         tree["env"] = {**tree["env"], "options": _absolute_paths(tree["env"]["options"])}
+    if isinstance(tree.get("bc"), dict) and tree["bc"].get("demos"):
+        tree["bc"] = {**tree["bc"], **_absolute_paths({"path": tree["bc"]["demos"]})}
+        tree["bc"]["demos"] = tree["bc"].pop("path")
     try:
         return Config.model_validate(tree)
     except ValidationError as exc:
