@@ -284,6 +284,9 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="RL steps between resumable run-state checkpoints "
                                   "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")
     progress: bool = Field(True, description="Show the live progress display.")
+    slow_step_warn_s: float | None = Field(60.0, gt=0, description="Warn (once per stage) when an RL step takes "
+                                           "longer than this: the defaults are sized for two-turn arithmetic "
+                                           "(~3-5 s a GRPO step on 2 CPU cores); None: never.")
 
 
 class Config(_Section):
