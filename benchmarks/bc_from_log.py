@@ -1,6 +1,6 @@
 """BC on an imported log of expert conversations vs BC on the suite's own expert, at the same budget.
 
-    nice -n 19 .venv/bin/python benchmarks/bc_from_log.py [--episodes 10000] [--steps 400] [--seed 0]
+    nice -n 19 .venv/bin/python benchmarks/bc_from_log.py [--episodes 10000] [--steps 200] [--seed 0]
 
 1. `agentgrad data expert --episodes N` writes N expert episodes of the arithmetic suite (train split) as an
    OpenAI-format chat log with tool calls (the format `agentgrad data import` reads);
@@ -26,7 +26,7 @@ AGENTGRAD = str(Path(sys.executable).parent / "agentgrad")
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=10_000)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="bc-from-log-"))
     args = ap.parse_args()

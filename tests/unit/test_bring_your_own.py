@@ -313,3 +313,27 @@ def test_a_game_log_ends_with_the_envs_own_termination(game, codec, tmp_path):
                                RolloutLimits(max_turns=7, max_total_tokens=448))
     assert demo.stop_reason is expert.stop_reason is StopReason.ENV_TERMINATED
     assert demo.token_ids == expert.token_ids
+
+
+# ---- a step far slower than the defaults expect -----------------------------------------------------------
+
+
+def test_a_slow_rl_step_warns_once_per_stage():
+    from agentgrad.logging import ProgressDisplay, RunLogger
+    from agentgrad.pipelines.rl import run_steps
+
+    class Display(ProgressDisplay):
+        def __init__(self):
+            super().__init__(enabled=False)
+            self.printed = []
+
+        def print(self, message):
+            self.printed.append(message)
+
+    display = Display()
+    steps = iter([5.0, 80.0, 90.0])
+    run_steps(RunLogger([], display), "grpo", 3, lambda step: {"perf/step_s": next(steps)}, on_step=None,
+              first_step=0, warn_step_s=60.0)
+    assert len(display.printed) == 1 and "grpo step 2 took 80 s" in display.printed[0]
+    assert "algo.tasks_per_step" in display.printed[0]
+    assert build_config().run.slow_step_warn_s == 60.0

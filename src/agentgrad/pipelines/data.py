@@ -27,7 +27,7 @@ from agentgrad.models.hf import load_model
 from agentgrad.pipelines.components import inference, make_suite, quiet_hf
 from agentgrad.rewards.base import apply_reward, load_reward
 from agentgrad.rollout.chat import ChatCodec
-from agentgrad.types import RewardBreakdown, ScoredTrajectory, Trajectory
+from agentgrad.types import RewardBreakdown, ScoredTrajectory, Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,13 @@ def _default_tools(config: Config) -> tuple[list[dict], str]:
 
 def suite_tools(suite: TaskSuite) -> tuple[list[dict], str]:
     """The tool schemas and system prompt the suite's env shows (for log lines that carry no "tools")."""
+    try:  # a real task: an env may read its metadata at reset (a game's range)
+        task = suite.sample_tasks(1, split="train", seed=0)[0]
+    except (ValueError, IndexError):  # a task file without train tasks
+        task = Task("probe", "probe", "")
     env = suite.make_env()
-    try:  # a real task: an env may read its metadata at reset (a game's range, a task's own tools)
-        _, info = env.reset(seed=0, options={"task": suite.sample_tasks(1, split="train", seed=0)[0]})
+    try:
+        _, info = env.reset(seed=0, options={"task": task})
     finally:
         close_env(env)
     return info.get("tools") or [], info.get("system", "")
