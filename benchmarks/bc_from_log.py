@@ -1,6 +1,6 @@
 """BC on an imported log of expert conversations vs BC on the suite's own expert, at the same budget.
 
-    nice -n 19 .venv/bin/python benchmarks/bc_from_log.py [--episodes 10000] [--steps 200] [--seed 0]
+    nice -n 19 .venv/bin/python benchmarks/bc_from_log.py [--episodes 10000] [--steps 120] [--seed 0]
 
 1. `agentgrad data expert --episodes N` writes N expert episodes of the arithmetic suite (train split) as an
    OpenAI-format chat log with tool calls (the format `agentgrad data import` reads);
@@ -26,7 +26,7 @@ AGENTGRAD = str(Path(sys.executable).parent / "agentgrad")
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=10_000)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="bc-from-log-"))
     args = ap.parse_args()
@@ -38,13 +38,19 @@ def main() -> None:
                     "--seed", str(args.seed + 1)], check=True)
     budget = ["algo.name=bc", f"bc.steps={args.steps}", "bc.stop_at_success=null", f"run.seed={args.seed}",
               "run.progress=false", f"run.output_dir={out}"]
-    rows = []
-    for name, extra in (("imported log", [f"bc.demos={log}"]), ("suite expert", [])):
+    runs = {"imported log": [f"bc.demos={log}"], "suite expert": []}
+    procs = {}
+    for name, extra in runs.items():  # side by side: each run is one thread, and a busy machine shares CPU per process
         run = f"{name.replace(' ', '-')}-s{args.seed}"
-        done = subprocess.run([AGENTGRAD, "train", *budget, *extra, f"run.name={run}"], check=True,
-                              capture_output=True, text=True)
-        summary = json.loads(done.stdout.strip().splitlines()[-1])
-        e = json.loads((out / run / "summary.json").read_text())["final_eval"]
+        with open(out / f"{run}.log", "w") as fh:
+            procs[name] = (run, subprocess.Popen([AGENTGRAD, "train", *budget, *extra, f"run.name={run}"],
+                                                 stdout=fh, stderr=subprocess.STDOUT))
+    rows = []
+    for name, (run, proc) in procs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"{name} run failed: see {out / (run + '.log')}")
+        summary = json.loads((out / run / "summary.json").read_text())
+        e = summary["final_eval"]
         rows.append((name, e["success_rate"], e["ci95"], e["num_tasks"], summary["wall_time_s"]))
     print(f"\n{'BC demos':<14} {'held-out':>9} {'95% CI':>15} {'n':>5} {'wall s':>8}")
     for name, rate, (lo, hi), n, wall in rows:

@@ -33,7 +33,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("your-own-*.md"))]
 pytestmark = pytest.mark.skipif(not AGENTGRAD.exists(), reason="the agentgrad console script is not installed")
 
 
-def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def _run(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([str(AGENTGRAD), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 

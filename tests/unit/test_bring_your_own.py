@@ -296,6 +296,14 @@ def test_logged_expert_chats_encode_to_the_experts_own_tokens(arithmetic_suite, 
     (tmp_path / "empty.jsonl").write_text("{bad\n")
     with pytest.raises(DemoLoadError, match="no usable episode"):
         read_demos(tmp_path / "empty.jsonl", codec, tools)
+    # A store (a run's trajectories/, an import's --out) is re-encoded through its chat form: same tokens.
+    from agentgrad.data.store import TrajectoryStore
+    from agentgrad.types import RewardBreakdown, ScoredTrajectory
+
+    store = TrajectoryStore(tmp_path / "store")
+    store.append([ScoredTrajectory(d, RewardBreakdown(1.0), True) for d in result.demos], step=0, stage="import")
+    assert [d.token_ids for d in read_demos(tmp_path / "store", codec, tools).demos] == \
+        [d.token_ids for d in result.demos]
 
 
 def test_a_game_log_ends_with_the_envs_own_termination(game, codec, tmp_path):
