@@ -1,8 +1,9 @@
 """A user-defined reward: any callable Trajectory -> RewardBreakdown (or a plain float outcome).
 
-Use it from the command line without touching agentgrad:
+Use it from the command line without touching agentgrad, from the repository root (the current directory is
+importable, as under `python -m`); docs/your-own-reward.md:
+    agentgrad check reward.name=examples.custom_reward:short_and_right
     agentgrad train reward.name=examples.custom_reward:short_and_right
-(run from the repository root so that `examples` is importable).
 """
 
 from agentgrad.types import RewardBreakdown, Trajectory

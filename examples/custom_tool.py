@@ -1,6 +1,8 @@
 """A user-defined tool: typed arguments and a docstring are all `@tool` needs to build the JSON schema.
 
-Run: python examples/custom_tool.py
+Run: python examples/custom_tool.py, or from the repository root (docs/your-own-tool.md):
+    agentgrad tool run examples.custom_tool:convert --args '{"amount": 10, "source": "EUR", "target": "USD"}'
+    agentgrad train env=jsonl env.options.path=examples/convert_tasks.jsonl
 """
 
 from agentgrad.tools import ToolSet, tool

@@ -1,4 +1,4 @@
-"""Command line: `agentgrad train | eval | config | tool run | judge calibrate`."""
+"""Command line: `agentgrad train | eval | check | config | tool run | judge calibrate | data`."""
 
 from __future__ import annotations
 
@@ -49,11 +49,16 @@ def train(
     from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
     from agentgrad.pipelines.bc import DemoLimitError
+    from agentgrad.pipelines.data import DemoLoadError
     from agentgrad.pipelines.train import train as run_train
 
+    from agentgrad.registry import ImportRefError, UnknownNameError
+    from agentgrad.rewards.base import RewardSpecError
+
+    plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError)  # user code and data
     try:
         summary = run_train(config, run_dir=resume, resume=resume is not None)
-    except (ModelLoadError, FileExistsError, NonFiniteLossError, DemoLimitError) as exc:
+    except (ModelLoadError, FileExistsError, NonFiniteLossError, DemoLimitError, *plugin_errors) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))
@@ -87,7 +92,12 @@ def eval_cmd(
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
     policy, codec = inference(loaded)
-    suite = make_suite(config)
+    from agentgrad.registry import ImportRefError, UnknownNameError
+
+    try:
+        suite = make_suite(config)
+    except (ImportRefError, UnknownNameError) as exc:  # e.g. a user's suite module not importable from here
+        _fail(str(exc))
     if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
         _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
     policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
@@ -100,6 +110,39 @@ def eval_cmd(
     else:
         typer.echo(f"{ckpt}: held-out success {result.success_rate:.1%} "
                    f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, {result.num_successes}/{result.num_tasks})")
+    if result.note:
+        typer.secho(result.note, fg=typer.colors.YELLOW, err=True)
+
+
+@app.command()
+def check(
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides naming the suite and reward, e.g. "
+                                                   "env=my_module:MySuite reward.name=my_module:my_reward"),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Built-in preset name or path to a YAML file."),
+    tasks: int = typer.Option(20, help="Tasks per split to check."),
+) -> None:
+    """Check a task suite and reward before training: the expert solves the suite's tasks, the verifier (or the
+    env) agrees, the splits are disjoint, check_env passes, and the reward scores the expert's episodes."""
+    from agentgrad.config import ConfigError, build_config
+    from agentgrad.envs import SUITES, SuiteCheckError, check_suite
+    from agentgrad.registry import ImportRefError, UnknownNameError
+    from agentgrad.rewards.base import RewardSpecError, apply_reward, load_reward
+
+    try:
+        config = build_config(preset, overrides or [])
+        suite = SUITES.get(config.env.name)(**config.env.options)
+        reward_fn = load_reward(config.reward.name, suite, **config.reward.options)
+        report = check_suite(suite, n=tasks, seed=config.run.seed)
+    except (ConfigError, ImportRefError, UnknownNameError, RewardSpecError, SuiteCheckError) as exc:
+        _fail(str(exc))
+    except (TypeError, ValueError) as exc:  # the suite's constructor rejected its options
+        _fail(f"{config.env.name}: {type(exc).__name__}: {exc}")
+    rewards = [apply_reward(reward_fn, e) for e in report.pop("episodes")]
+    kept = [r.total for r in rewards if not r.masked]
+    typer.echo(json.dumps({"suite": config.env.name, **report, "reward": config.reward.name,
+                           "expert_mean_reward": sum(kept) / len(kept) if kept else None,
+                           "expert_masked": sum(r.masked for r in rewards),
+                           "first_masked_reason": next((r.reason for r in rewards if r.masked), None)}))
 
 
 @app.command()
@@ -192,6 +235,36 @@ def data_export(
 
     typer.echo(json.dumps({"episodes": export_chat_log(build_config(preset, overrides or []), store, out),
                            "out": str(out)}))
+
+
+@data_app.command("expert")
+def data_expert(
+    out: Path = typer.Option(..., "--out", help="JSONL chat log to write."),
+    episodes: int = typer.Option(1000, "--episodes", help="Expert episodes (train split) to write."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the train-task stream."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env) naming the suite."),
+    preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env."),
+) -> None:
+    """Write the suite's expert episodes as an OpenAI-format chat log (what `bc.demos` and `data import` read)."""
+    from agentgrad.config import ConfigError, build_config
+    from agentgrad.data.offline import to_chat_line
+    from agentgrad.envs import SUITES, SuiteCheckError
+    from agentgrad.envs.base import close_env, episode_success, expert_episode
+
+    try:
+        config = build_config(preset, overrides or [])
+        suite = SUITES.get(config.env.name)(**config.env.options)
+        env = suite.make_env()  # for each task's tool schemas (a jsonl task has its own)
+        with out.open("w", encoding="utf-8") as fh:
+            for task in suite.sample_tasks(episodes, split="train", seed=seed):
+                ep = expert_episode(suite, task)
+                _, info = env.reset(seed=0, options={"task": task})
+                fh.write(json.dumps(to_chat_line(ep, success=episode_success(suite, ep), tools=info.get("tools")))
+                         + "\n")
+        close_env(env)
+    except (ConfigError, SuiteCheckError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({"episodes": episodes, "out": str(out)}))
 
 
 def main() -> None:

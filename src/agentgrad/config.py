@@ -1,8 +1,13 @@
 """Typed run configuration: one source of truth for defaults, validation and help text.
 
-Sources, later wins: field defaults -> the task suite's defaults (`configs/suites/<env.name>.yaml`, when it
-ships one) -> a YAML preset (`configs/<name>.yaml` in the package, or a path) -> dotted overrides from the
-command line (`algo.group_size=16`). Unknown keys are errors listing valid keys.
+Sources, later wins: field defaults -> the task suite's defaults (`configs/suites/<env.name>.yaml` for a built-in
+suite, or the suite class's `config_defaults` for your own) -> a YAML preset (`configs/<name>.yaml` in the
+package, or a path) -> dotted overrides from the command line (`algo.group_size=16`). Unknown keys are errors
+listing valid keys.
+
+Presets layer: a preset file starts from the default preset (`tiny-cpu`) unless it says what it extends
+(`extends: other.yaml`, a built-in name, or `extends: null` for the bare field defaults), so a preset that
+names only `env` keeps every other default.
 """
 
 from __future__ import annotations
@@ -46,8 +51,13 @@ class ModelConfig(_Section):
 
 
 class EnvConfig(_Section):
-    name: str = Field("arithmetic", description="Task suite (registered in agentgrad.envs.SUITES).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Options passed to the suite's constructor.")
+    name: str = Field("arithmetic", description="Task suite: a registered name (arithmetic, search-qa, ...), an "
+                                                "import path of your own suite class ('my_module:MySuite', the "
+                                                "current directory importable), or an entry point of "
+                                                "'agentgrad.suites'.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Options passed to the suite's constructor "
+                                    "(a relative 'path' or '*_path' option that exists is made absolute, so the "
+                                    "run's config.yaml works from any directory).")
 
 
 class RewardConfig(_Section):
@@ -92,6 +102,10 @@ class BCConfig(_Section):
                                              "with stop_at_success).")
     batch_size_episodes: int = Field(32, gt=0, description="Expert episodes per BC step.")
     num_demos: int = Field(2000, gt=0, description="Distinct expert episodes generated for BC.")
+    demos: str | None = Field(None, description="Clone logged expert trajectories instead of the suite's expert: "
+                              "an OpenAI-format chat log with tool calls (JSONL, the format `agentgrad data import` "
+                              "reads, docs/replay.md) or a store directory; encoded with the run's own tokenizer, "
+                              "bad lines counted and reported. None: bc.num_demos episodes of the suite's expert.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of BC (linear warm-up, cosine decay).")
     warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
     lr_schedule: Literal["cosine", "constant"] = Field("constant", description="LR after warm-up: cosine decay "
@@ -285,6 +299,9 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="RL steps between resumable run-state checkpoints "
                                   "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")
     progress: bool = Field(True, description="Show the live progress display.")
+    slow_step_warn_s: float | None = Field(60.0, gt=0, description="Warn (once per stage) when an RL step takes "
+                                           "longer than this: the defaults are sized for two-turn arithmetic "
+                                           "(~3-5 s a GRPO step on 2 CPU cores); None: never.")
 
 
 class Config(_Section):
@@ -380,32 +397,82 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+DEFAULT_PRESET = "tiny-cpu"
+
+
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def load_preset(name_or_path: str) -> dict[str, Any]:
+def _preset_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.yaml"
     if not path.exists():
-        raise ConfigError(f"no preset {name_or_path!r}; built-in presets: {', '.join(list_presets())}")
+        raise ConfigError(f"no preset {name_or_path!r}; built-in presets: {', '.join(list_presets())}, or a path "
+                          f"to a YAML file")
+    return path.resolve()
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset's values, layered on what it extends: its `extends:` key (a preset name or a path, relative to
+    the file; null: the field defaults alone), else the default preset, which itself extends nothing."""
+    return _load_preset_file(_preset_path(name_or_path), ())
+
+
+def _load_preset_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    if path in chain:
+        raise ConfigError(f"preset {path} extends itself: {' -> '.join(map(str, (*chain, path)))}")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must hold a mapping of sections")
-    return data
+    parent = data.pop("extends", None if path == _preset_path(DEFAULT_PRESET) else DEFAULT_PRESET)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: 'extends' must be a preset name, a path, or null; got {parent!r}")
+    parent_path = Path(parent)
+    if parent_path.suffix and not parent_path.is_absolute():
+        parent = str(path.parent / parent_path)  # relative to the file that names it
+    return _merge(_load_preset_file(_preset_path(parent), (*chain, path)), data)
 
 
 def suite_defaults(suite: str) -> dict[str, Any]:
-    """Values a task suite needs to differ from the field defaults (`configs/suites/<suite>.yaml`), e.g. rollout
-    limits that fit its expert demonstrations. Empty when the suite ships none."""
+    """Values a task suite needs to differ from the field defaults, e.g. rollout limits that fit its expert
+    demonstrations: `configs/suites/<suite>.yaml` for a built-in suite, the `config_defaults` mapping of a
+    suite class named by import path or entry point. Empty when the suite ships none.
+
+    Resolving the suite here also makes a bad `env.name` a one-line config error instead of a traceback."""
     path = PRESET_DIR / "suites" / f"{suite}.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    if path.exists():
+        return yaml.safe_load(path.read_text()) or {}
+    from agentgrad.envs import SUITES  # no torch: envs never import it
+    from agentgrad.registry import ImportRefError, UnknownNameError
+
+    try:
+        obj = SUITES.get(suite)
+    except (UnknownNameError, ImportRefError) as exc:
+        raise ConfigError(f"env.name: {exc}") from None
+    defaults = getattr(obj, "config_defaults", None) or {}
+    if not isinstance(defaults, Mapping):
+        raise ConfigError(f"env.name: {suite!r} has config_defaults of type {type(defaults).__name__}, not a "
+                          f"mapping of config sections")
+    return _merge({}, defaults)
 
 
-def build_config(preset: str | None = "tiny-cpu", overrides: Sequence[str] = (),
+def _absolute_paths(options: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(options)
+    for key, value in options.items():
+        if (key == "path" or key.endswith("_path")) and isinstance(value, str) and value:
+            p = Path(value)
+            if not p.is_absolute() and p.exists():
+                out[key] = str(p.resolve())
+    return out
+
+
+def build_config(preset: str | None = DEFAULT_PRESET, overrides: Sequence[str] = (),
                  base: Mapping[str, Any] | None = None) -> Config:
-    """Field defaults -> the suite's defaults -> `base` -> preset -> overrides (later wins)."""
+    """Field defaults -> the suite's defaults -> `base` -> preset (layered on what it extends) -> overrides."""
     layers = [dict(base or {}), load_preset(preset) if preset else {}, parse_overrides(overrides)]
     tree: dict[str, Any] = {}
     for layer in layers:
@@ -415,6 +482,11 @@ def build_config(preset: str | None = "tiny-cpu", overrides: Sequence[str] = (),
     tree = _merge({}, suite_defaults(suite or EnvConfig.model_fields["name"].default))
     for layer in layers:
         tree = _merge(tree, layer)
+    if isinstance(tree.get("env"), dict) and isinstance(tree["env"].get("options"), Mapping):
+        tree["env"] = {**tree["env"], "options": _absolute_paths(tree["env"]["options"])}
+    if isinstance(tree.get("bc"), dict) and tree["bc"].get("demos"):
+        tree["bc"] = {**tree["bc"], **_absolute_paths({"path": tree["bc"]["demos"]})}
+        tree["bc"]["demos"] = tree["bc"].pop("path")
     try:
         return Config.model_validate(tree)
     except ValidationError as exc:

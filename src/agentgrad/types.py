@@ -22,6 +22,16 @@ class Task:
     suite: str = "custom"
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
+    def content_hash(self) -> str:
+        """A hash of the problem itself (prompt, answer, metadata), not of its id: two tasks with the same hash
+        are the same problem, so evaluation counts them once (a game whose prompt hides the secret differs
+        by its answer)."""
+        import hashlib
+        import json
+
+        data = json.dumps([self.prompt, self.answer, self.metadata], sort_keys=True, default=str)
+        return hashlib.blake2b(data.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
 
 # ---- actions: what the policy's text parses into; an Env.step takes exactly one of these --------------------
 
@@ -152,6 +162,10 @@ class Trajectory:
     sample_index: int = 0
     token_masks: tuple[TokenMask, ...] = ()
     head_decisions: tuple[HeadDecision, ...] = ()  # names chosen by a factored head (rollout.action_head)
+    final_info: Mapping[str, Any] = field(default_factory=dict)
+    """The env's `info` from the step that ended the episode (a final answer, or the env's own `terminated` /
+    `truncated`), JSON-able; empty when a rollout limit ended it. An env that owns its outcome (a game) reports
+    `info["success"]` here, and reward functions may read anything else it put there."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -175,6 +189,12 @@ class Trajectory:
             if isinstance(turn.action, FinalAnswer):
                 return turn.action.text
         return None
+
+    @property
+    def env_success(self) -> bool | None:
+        """What the env said about success when it ended the episode (`info["success"]`), or None."""
+        value = self.final_info.get("success")
+        return None if value is None else bool(value)
 
     @property
     def num_invalid_calls(self) -> int:

@@ -168,7 +168,7 @@ def test_load_reward_by_name_reference_and_callable(tmp_path, monkeypatch):
         load_reward("my_rewards:make_plain", SUITE, value=0.7)
     with pytest.raises(RewardSpecError, match="plain reward function"):
         load_reward(brevity, SUITE, value=1)
-    with pytest.raises(UnknownNameError, match="valid names: judge, outcome, process, shaped, verifier"):
+    with pytest.raises(UnknownNameError, match="valid names: env, judge, outcome, process, shaped, verifier"):
         load_reward("outcomes", SUITE)
     with pytest.raises(TypeError, match="takes no options"):
         load_reward("outcome", SUITE, cap=0.3)

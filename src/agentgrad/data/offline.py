@@ -152,6 +152,8 @@ def encode_episode(ep: ParsedEpisode, codec: Codec, default_tools: Sequence[dict
         while j < len(msgs) and msgs[j].role == "tool":
             j += 1
         observations = msgs[i + 1:j]
+        if m.tool_calls and not observations and j == len(msgs):
+            stop = StopReason.ENV_TERMINATED  # the env ended the episode on this call (a game won): no tool reply
         text = m.content
         if m.tool_calls:
             for c, call in enumerate(m.tool_calls):
@@ -168,8 +170,10 @@ def encode_episode(ep: ParsedEpisode, codec: Codec, default_tools: Sequence[dict
         i, k = j, k + 1
         if stop is StopReason.ANSWERED:
             break
+    final_info = {"success": ep.success} if ep.success is not None and stop is not StopReason.MAX_TURNS else {}
     traj = Trajectory(task=ep.task, token_ids=tuple(ids), loss_mask=tuple(mask), logprobs=tuple(lps),
-                      prompt_length=prompt_length, turns=tuple(turns), stop_reason=stop, messages=tuple(msgs[:i]))
+                      prompt_length=prompt_length, turns=tuple(turns), stop_reason=stop, messages=tuple(msgs[:i]),
+                      final_info=final_info)
     return traj, complete
 
 

@@ -7,10 +7,10 @@ Environments see actions and text, never tokens or groups. They are deterministi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentgrad.registry import Registry
-from agentgrad.types import Action, FinalAnswer, InvalidAction, Task, ToolCall
+from agentgrad.types import Action, FinalAnswer, InvalidAction, Message, StopReason, Task, ToolCall, Trajectory, Turn
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,12 @@ class Env(Protocol):
     Observations are text: the task prompt after reset, the tool's result after a tool call.
     `info` after reset holds "tools" (JSON schemas) and "system" (the system prompt); after a step,
     "tool_ok", "tool_error" and "signals" describe the tool call.
+
+    The env may end an episode itself (`terminated=True` after a tool call: a game won or lost) and own its
+    outcome: `info["success"]` (a bool) and its `reward` are kept on the trajectory (`Trajectory.final_info`,
+    `Turn.env_reward`) for the suite's success (`success_from`) and for reward functions. An env may also have
+    `close()`, called once its owner is done with it (`close_env`), to release what it holds (a process, a
+    connection).
     """
 
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]: ...
@@ -48,9 +54,19 @@ class Env(Protocol):
     def legal_actions(self) -> ActionMask: ...
 
 
+SuccessSource = Literal["verifier", "env", "both"]
+SUCCESS_SOURCES: tuple[str, ...] = ("verifier", "env", "both")
+
+
 @runtime_checkable
 class TaskSuite(Protocol):
-    """A family of tasks: a generator, an expert that writes demonstrations, a verifier, and an env factory."""
+    """A family of tasks: a generator, an expert that writes demonstrations, a verifier, and an env factory.
+
+    Optional attributes: `success_from` ("verifier", the default: `verify(task, final_answer)`; "env": the env's
+    `info["success"]` when it ended the episode, for games that need no answer step; "both": both must hold),
+    `config_defaults` (a mapping of config sections the suite needs to differ from the defaults, e.g.
+    `{"rollout": {"max_turns": 8}}`, applied under the preset and overrides), and `close()`.
+    """
 
     name: str
 
@@ -64,11 +80,46 @@ class TaskSuite(Protocol):
 
 
 # Factories taking the suite's options (a plain mapping from config `env.options`).
-SUITES: Registry[Any] = Registry("task suite")
+SUITES: Registry[Any] = Registry("task suite", plugins=True, entry_point_group="agentgrad.suites")
 
 
 class EnvCheckError(AssertionError):
     pass
+
+
+def success_from(suite: Any) -> str:
+    source = getattr(suite, "success_from", "verifier")
+    if source not in SUCCESS_SOURCES:
+        raise ValueError(f"suite {getattr(suite, 'name', suite)!r}: success_from must be one of "
+                         f"{', '.join(SUCCESS_SOURCES)}, got {source!r}")
+    return source
+
+
+def outcome_success(suite: Any, task: Task, final_answer: str | None, final_info: Mapping[str, Any]) -> bool:
+    """Whether an episode succeeded, from the source the suite chose (`success_from`)."""
+    source = success_from(suite)
+    by_env = bool(final_info.get("success", False))
+    if source == "env":
+        return by_env
+    by_verifier = bool(suite.verify(task, final_answer))
+    return by_verifier if source == "verifier" else (by_verifier and by_env)
+
+
+def episode_success(suite: Any, trajectory: Trajectory) -> bool:
+    """The one definition of success every caller (scoring, evaluation, BC's stopping rule, imports) uses."""
+    return outcome_success(suite, trajectory.task, trajectory.final_answer, trajectory.final_info)
+
+
+def close_env(env: Any) -> None:
+    """Call the env's `close()` if it has one (it is optional in the protocol)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
+def close_envs(envs: Sequence[Any]) -> None:
+    for env in envs:
+        close_env(env)
 
 
 def check_env(env: Env, task: Task, *, seed: int = 0, actions: Sequence[Action] = ()) -> None:
@@ -76,7 +127,8 @@ def check_env(env: Env, task: Task, *, seed: int = 0, actions: Sequence[Action] 
 
     Checks: reset returns (str, dict) with tools; the same seed and actions replay to the same observations;
     malformed and unknown-tool actions become error observations (no exception, not terminated);
-    a final answer terminates; stepping after termination raises. Raises EnvCheckError on failure.
+    a final answer terminates (where the mask allows answering); stepping after termination raises.
+    Raises EnvCheckError on failure.
     """
 
     def run(acts: Sequence[Action]) -> list[tuple]:
@@ -116,12 +168,115 @@ def check_env(env: Env, task: Task, *, seed: int = 0, actions: Sequence[Action] 
     if first != run(probes):
         raise EnvCheckError("env is not deterministic given (task, seed, action history)")
     run([])
+    answering = env.legal_actions().final_answer
     _, _, terminated, _, _ = env.step(FinalAnswer(text=""))
     if not terminated:
-        raise EnvCheckError("a final answer must terminate the episode")
+        if answering:
+            raise EnvCheckError("a final answer must terminate the episode (or legal_actions() must forbid it)")
+        return  # a game that forbids answering may answer a final answer with an error observation
     try:
         env.step(FinalAnswer(text=""))
     except RuntimeError:
         pass
     else:
         raise EnvCheckError("step after termination must raise RuntimeError (call reset first)")
+
+
+class SuiteCheckError(AssertionError):
+    pass
+
+
+def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) -> dict[str, Any]:
+    """Check a task suite before training on it: what `tests/unit/test_suites.py` asserts of the built-ins.
+
+    - it has the TaskSuite methods, and `success_from` is valid;
+    - `sample_tasks` is deterministic per seed and returns Tasks; the train, heldout and test splits share no
+      task (by content hash) and no prompt;
+    - the expert solves every one of `n` train tasks through a real env: its actions are legal, end the episode,
+      and succeed by the suite's own success source;
+    - the verifier agrees: it accepts the expert's answer and rejects an empty one (verifier-based suites),
+      and the env says `info["success"]` at the end (env-based ones);
+    - `check_env` passes on `env_checks` held-out tasks with the expert's actions.
+
+    Raises SuiteCheckError naming the first problem; returns counts (distinct tasks per split, ...)."""
+    missing = [m for m in ("sample_tasks", "expert_actions", "verify", "make_env") if not callable(getattr(suite, m, None))]
+    if missing or not isinstance(getattr(suite, "name", None), str):
+        raise SuiteCheckError(f"not a TaskSuite: missing {', '.join(missing) or 'a str name'}")
+    try:
+        source = success_from(suite)
+    except ValueError as exc:
+        raise SuiteCheckError(str(exc)) from None
+    splits = {s: suite.sample_tasks(n, split=s, seed=seed) for s in ("train", "heldout", "test")}
+    for split, tasks in splits.items():
+        if not all(isinstance(t, Task) for t in tasks):
+            raise SuiteCheckError(f"sample_tasks(split={split!r}) must return Task records")
+        if tasks != suite.sample_tasks(n, split=split, seed=seed):
+            raise SuiteCheckError(f"sample_tasks(split={split!r}, seed={seed}) is not deterministic")
+    if not splits["train"]:
+        raise SuiteCheckError("the train split is empty")
+    hashes = {s: {t.content_hash() for t in ts} for s, ts in splits.items()}
+    prompts = {s: {t.prompt for t in ts} for s, ts in splits.items()}
+    for a, b in (("train", "heldout"), ("train", "test"), ("heldout", "test")):
+        if hashes[a] & hashes[b]:
+            raise SuiteCheckError(f"the {a} and {b} splits share {len(hashes[a] & hashes[b])} task(s)")
+        if prompts[a] & prompts[b] and source == "verifier":  # a game may show every task the same prompt
+            raise SuiteCheckError(f"the {a} and {b} splits share prompts, e.g. {sorted(prompts[a] & prompts[b])[0]!r}")
+    episodes = []
+    for task in splits["train"]:
+        episode = expert_episode(suite, task, seed=seed)
+        if episode.stop_reason is StopReason.MAX_TURNS:
+            raise SuiteCheckError(f"the expert's actions do not end the episode ({task.task_id})")
+        answer, info = episode.final_answer, episode.final_info
+        if not outcome_success(suite, task, answer, info):
+            raise SuiteCheckError(f"the expert fails {task.task_id} (success from {source}; answer {answer!r}, "
+                                  f"env info {dict(info)!r})")
+        if source != "env" and (suite.verify(task, None) or suite.verify(task, "")):
+            raise SuiteCheckError(f"the verifier accepts an empty answer for {task.task_id}")
+        if source != "verifier" and info.get("success") is not True:
+            raise SuiteCheckError(f"the env did not report info['success'] = True after the expert ({task.task_id})")
+        episodes.append(episode)
+    for task in splits["heldout"][:env_checks]:
+        env = suite.make_env()
+        try:
+            check_env(env, task, seed=seed, actions=suite.expert_actions(task))
+        except EnvCheckError as exc:
+            raise SuiteCheckError(f"check_env on {task.task_id}: {exc}") from None
+        finally:
+            close_env(env)
+    return {"success_from": source, "expert_tasks": len(episodes),
+            "distinct_tasks": {s: len(h) for s, h in hashes.items()}, "episodes": episodes}
+
+
+def expert_episode(suite: Any, task: Task, *, seed: int = 0) -> Trajectory:
+    """The expert's episode on `task` through a fresh env, as a token-free Trajectory (no tokenizer needed:
+    `token_ids` are empty, turns carry the text, actions, observations, env rewards and `final_info`), for
+    `check_suite` and for trying a reward function on it. Raises SuiteCheckError for an illegal action or one
+    after the episode ended."""
+    env = suite.make_env()
+    try:
+        obs, info = env.reset(seed=seed, options={"task": task})
+        messages = ([Message("system", info["system"])] if info.get("system") else []) + [Message("user", obs)]
+        turns: list[Turn] = []
+        stop, final_info = StopReason.MAX_TURNS, {}
+        for action in suite.expert_actions(task):
+            if stop is not StopReason.MAX_TURNS:
+                raise SuiteCheckError(f"expert acts after the episode ended ({task.task_id})")
+            if not env.legal_actions().allows(action):
+                raise SuiteCheckError(f"expert action {action} is masked out ({task.task_id})")
+            obs, reward, terminated, truncated, info = env.step(action)
+            ended = terminated or truncated or isinstance(action, FinalAnswer)
+            text = action.text if isinstance(action, FinalAnswer) else ""
+            turns.append(Turn(0, 0, text, action, None if ended else obs, tool_ok=info.get("tool_ok"),
+                              tool_error=info.get("tool_error"), signals=info.get("signals", {}),
+                              env_reward=float(reward)))
+            calls = (action,) if isinstance(action, ToolCall) else ()
+            messages.append(Message("assistant", text, tool_calls=calls))
+            if not ended:
+                messages.append(Message("tool", obs))
+            else:
+                final_info = dict(info)
+                stop = StopReason.ANSWERED if isinstance(action, FinalAnswer) else StopReason.ENV_TERMINATED
+    finally:
+        close_env(env)
+    return Trajectory(task=task, token_ids=(), loss_mask=(), logprobs=(), prompt_length=0, turns=tuple(turns),
+                      stop_reason=stop, messages=tuple(messages), final_info=final_info)

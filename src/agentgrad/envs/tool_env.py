@@ -32,6 +32,10 @@ class ToolEnv:
         self.history = []
         return task.prompt, {"tools": self.tools.schemas(), "system": self.system_prompt, "task_id": task.task_id}
 
+    def close(self) -> None:
+        """Nothing to release: the tools belong to the suite (shared by its envs), which closes them."""
+        self._done = True
+
     def legal_actions(self) -> ActionMask:
         cats = self.tools.categories()
         return ActionMask(categories=frozenset(cats), tools=frozenset(self.tools.names))
@@ -43,7 +47,7 @@ class ToolEnv:
         if isinstance(action, FinalAnswer):
             self._done = True
             correct = self.verify(self._task, action.text)
-            return "", 1.0 if correct else 0.0, True, False, {"correct": correct}
+            return "", 1.0 if correct else 0.0, True, False, {"correct": correct, "success": correct}
         if isinstance(action, InvalidAction):
             obs = f"error (bad_arguments): invalid tool call: {action.error}"
             return obs, 0.0, False, False, {"tool_ok": False, "tool_error": "bad_arguments", "signals": {}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from agentgrad.envs.base import ActionMask, Env, StepResult
+from agentgrad.envs.base import ActionMask, Env, StepResult, close_env
 from agentgrad.types import Action
 
 
@@ -25,6 +25,9 @@ class Wrapper:
 
     def legal_actions(self) -> ActionMask:
         return self.env.legal_actions()
+
+    def close(self) -> None:
+        close_env(self.env)
 
     @property
     def unwrapped(self) -> Env:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import TokenBatch, collate, collate_head
+from agentgrad.envs.base import close_env
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.evaluate import evaluate
@@ -27,14 +28,34 @@ class DemoLimitError(ValueError):
 def expert_demos(c: Components, n: int, seed: int) -> list[Trajectory]:
     tasks = c.suite.sample_tasks(n, split="train", seed=seed)
     env = c.suite.make_env()
-    demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
+    try:
+        demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
+    finally:
+        close_env(env)
     check_demos_fit(demos, c.limits)
     return demos
 
 
+def bc_demos(c: Components, logger: RunLogger) -> list[Trajectory]:
+    """What BC clones: the logged trajectories of bc.demos, or bc.num_demos episodes of the suite's expert."""
+    cfg = c.config.bc
+    if cfg.demos is None:
+        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
+    from agentgrad.pipelines.data import DemoLoadError, read_demos, suite_tools
+
+    if c.tool_head is not None:
+        raise DemoLoadError("bc.demos with rollout.action_head=factored is not supported (logs hold no head "
+                            "decisions); use the suite's expert")
+    log = read_demos(cfg.demos, c.codec, suite_tools(c.suite)[0])
+    logger.display.print(log.summary(cfg.demos))
+    logger.log(0, "bc_demos", log.metrics())
+    check_demos_fit(list(log.demos), c.limits)
+    return list(log.demos)
+
+
 def check_demos_fit(demos: list[Trajectory], limits: RolloutLimits) -> None:
     """Fail fast (and say which limit to raise) instead of cloning episodes the policy could never finish."""
-    cut = [d for d in demos if d.stop_reason is not StopReason.ANSWERED]
+    cut = [d for d in demos if d.stop_reason not in (StopReason.ANSWERED, StopReason.ENV_TERMINATED)]  # a game ends itself
     long_turns = [t.end - t.start for d in demos for t in d.turns if t.end - t.start > limits.max_new_tokens_per_turn]
     if not cut and not long_turns:
         return
@@ -143,7 +164,7 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
     cfg = c.config.bc
     if cfg.steps == 0:
         return 0
-    demos = demos if demos is not None else expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
+    demos = demos if demos is not None else bc_demos(c, logger)
     rng = random.Random(c.config.run.seed)
     rule = StopRule(cfg.stop_at_success, cfg.stop_window) if cfg.stop_at_success is not None else None
     warned = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -22,9 +22,11 @@ from agentgrad.backends.hf import token_logprobs
 from agentgrad.config import Config
 from agentgrad.data.offline import LogFormatError, encode_episode, read_log, to_chat_line
 from agentgrad.data.store import TrajectoryStore
+from agentgrad.envs.base import TaskSuite, close_env, episode_success
 from agentgrad.models.hf import load_model
 from agentgrad.pipelines.components import inference, make_suite, quiet_hf
 from agentgrad.rewards.base import apply_reward, load_reward
+from agentgrad.rollout.chat import ChatCodec
 from agentgrad.types import RewardBreakdown, ScoredTrajectory, Task, Trajectory
 
 
@@ -56,10 +58,79 @@ def rescore(model: torch.nn.Module, trajs: Sequence[Trajectory], temperature: fl
 
 
 def _default_tools(config: Config) -> tuple[list[dict], str]:
-    suite = make_suite(config)
+    return suite_tools(make_suite(config))
+
+
+def suite_tools(suite: TaskSuite) -> tuple[list[dict], str]:
+    """The tool schemas and system prompt the suite's env shows (for log lines that carry no "tools")."""
+    try:  # a real task: an env may read its metadata at reset (a game's range)
+        task = suite.sample_tasks(1, split="train", seed=0)[0]
+    except (ValueError, IndexError):  # a task file without train tasks
+        task = Task("probe", "probe", "")
     env = suite.make_env()
-    _, info = env.reset(seed=0, options={"task": Task("probe", "probe", "")})
+    try:
+        _, info = env.reset(seed=0, options={"task": task})
+    finally:
+        close_env(env)
     return info.get("tools") or [], info.get("system", "")
+
+
+class DemoLoadError(ValueError):
+    """bc.demos cannot be used: no such file, nothing usable in it, or an unsupported combination."""
+
+
+@dataclass(frozen=True)
+class DemoLog:
+    """What `read_demos` made of a log: the episodes to clone and an account of every line it did not use."""
+
+    demos: tuple[Trajectory, ...]
+    lines: int
+    bad_lines: int
+    failed: int  # episodes the log marks `"success": false`: not cloned
+    errors: tuple[str, ...]
+
+    def summary(self, path: str | Path) -> str:
+        first = f" (first: {self.errors[0]})" if self.errors else ""
+        return (f"bc.demos: {len(self.demos)} episodes from {path}; {self.bad_lines} bad line(s){first}; "
+                f"{self.failed} marked unsuccessful, not cloned")
+
+    def metrics(self) -> dict[str, float]:
+        return {"bc/demos": float(len(self.demos)), "bc/demos_bad_lines": float(self.bad_lines),
+                "bc/demos_unsuccessful": float(self.failed)}
+
+
+def read_demos(path: str | Path, codec: ChatCodec, default_tools: Sequence[dict] | None = None) -> DemoLog:
+    """Expert episodes from an OpenAI-format chat log (JSONL) or a store directory, encoded token-in/token-out
+    through `codec` by the importer's own `read_log` / `encode_episode`: a store's episodes go through their chat
+    form too, so they are re-encoded with this run's tokenizer whatever model wrote them. A line that does not
+    parse or encode is counted with its error, never dropped silently."""
+    path = Path(path)
+    if path.is_dir():
+        lines: Iterable[str] = (json.dumps(to_chat_line(s.trajectory, success=s.success))
+                                for s in TrajectoryStore(path).trajectories())
+    elif path.is_file():
+        lines = path.open(encoding="utf-8")
+    else:
+        raise DemoLoadError(f"bc.demos: no such log or store {str(path)!r}")
+    demos: list[Trajectory] = []
+    errors: list[str] = []
+    failed = total = 0
+    for parsed in read_log(lines):
+        total += 1
+        if isinstance(parsed, LogFormatError):
+            errors.append(str(parsed))
+            continue
+        if parsed.success is False:
+            failed += 1
+            continue
+        try:
+            demos.append(encode_episode(parsed, codec, default_tools)[0])
+        except (LogFormatError, KeyError, TypeError, ValueError) as exc:  # a template that rejects the chat
+            errors.append(f"task {parsed.task.task_id}: {type(exc).__name__}: {exc}")
+    if not demos:
+        raise DemoLoadError(f"bc.demos: no usable episode in {path} ({total} lines, {len(errors)} bad, {failed} "
+                            f"unsuccessful){': ' + errors[0] if errors else ''}")
+    return DemoLog(tuple(demos), total, len(errors), failed, tuple(errors))
 
 
 def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
@@ -100,7 +171,7 @@ def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
                 success = parsed.success if parsed.success is not None else parsed.reward > 0
             else:
                 reward = apply_reward(reward_fn, traj)
-                success = suite.verify(traj.task, traj.final_answer)
+                success = episode_success(suite, traj)
             masked += int(reward.masked)
             pending.append(ScoredTrajectory(traj, reward, bool(success)))
             n += 1

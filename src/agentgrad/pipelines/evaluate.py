@@ -1,15 +1,22 @@
-"""Held-out evaluation: success rate with a Wilson confidence interval."""
+"""Held-out evaluation: success rate over distinct tasks, with a Wilson confidence interval.
+
+Tasks are counted by content (`Task.content_hash`), not by id: a suite whose held-out stream repeats problems
+(a game with few secrets) would otherwise report an interval over n = 200 episodes of 20 games, far too narrow.
+Each distinct task runs once; when the suite has fewer distinct tasks than asked, the result says so (`note`).
+"""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from agentgrad.backends.base import Policy, SamplingParams
-from agentgrad.envs.base import TaskSuite
+from agentgrad.envs.base import TaskSuite, close_envs, episode_success
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.types import Task
 
 
 @dataclass(frozen=True)
@@ -17,16 +24,26 @@ class EvalResult:
     success_rate: float
     ci_low: float
     ci_high: float
-    num_tasks: int
+    num_tasks: int  # distinct tasks evaluated: the n of the interval
     num_successes: int
     mean_turns: float
     invalid_calls_per_episode: float
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    requested_tasks: int = 0  # eval.num_tasks (num_tasks is smaller when the suite has fewer distinct ones)
+
+    @property
+    def note(self) -> str | None:
+        """A warning for the user when the suite could not give as many distinct tasks as asked."""
+        if self.num_tasks >= self.requested_tasks:
+            return None
+        return (f"warning: only {self.num_tasks} distinct tasks of the {self.requested_tasks} asked (tasks are "
+                f"counted by content); the interval is over n={self.num_tasks}")
 
     def to_dict(self) -> dict:
         return {"success_rate": self.success_rate, "ci95": [self.ci_low, self.ci_high], "num_tasks": self.num_tasks,
-                "num_successes": self.num_successes, "mean_turns": self.mean_turns,
-                "invalid_calls_per_episode": self.invalid_calls_per_episode, "stop_reasons": self.stop_reasons}
+                "requested_tasks": self.requested_tasks, "num_successes": self.num_successes,
+                "mean_turns": self.mean_turns, "invalid_calls_per_episode": self.invalid_calls_per_episode,
+                "stop_reasons": self.stop_reasons}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -40,19 +57,45 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def distinct_tasks(tasks: Sequence[Task]) -> list[Task]:
+    """The first task of each content hash, in order."""
+    seen: set[str] = set()
+    out = []
+    for t in tasks:
+        key = t.content_hash()
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def sample_distinct(suite: TaskSuite, n: int, *, split: str, seed: int, oversample: int = 4) -> list[Task]:
+    """Up to `n` distinct tasks of a split: the first `n` of the stream when they are distinct (the usual case),
+    else the first `n` distinct ones among `oversample * n` (suites extend a shorter list with a longer one)."""
+    tasks = distinct_tasks(suite.sample_tasks(n, split=split, seed=seed))
+    if len(tasks) < n:
+        tasks = distinct_tasks(suite.sample_tasks(oversample * n, split=split, seed=seed))
+    return tasks[:n]
+
+
 def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: RolloutLimits, *, num_tasks: int,
              seed: int, temperature: float = 0.0, batch_size: int = 100, split: str = "heldout") -> EvalResult:
-    tasks = suite.sample_tasks(num_tasks, split=split, seed=seed)
+    tasks = sample_distinct(suite, num_tasks, split=split, seed=seed)
     sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=temperature, seed=seed)
     trajectories = []
     for i in range(0, len(tasks), batch_size):
         chunk = tasks[i:i + batch_size]
-        trajectories += run_episodes(policy, codec, [suite.make_env() for _ in chunk], chunk, sampling=sampling,
-                                     limits=limits, seeds=[seed] * len(chunk))
-    wins = sum(suite.verify(t.task, t.final_answer) for t in trajectories)
+        envs = [suite.make_env() for _ in chunk]
+        try:
+            trajectories += run_episodes(policy, codec, envs, chunk, sampling=sampling, limits=limits,
+                                         seeds=[seed] * len(chunk))
+        finally:
+            close_envs(envs)
+    wins = sum(episode_success(suite, t) for t in trajectories)
     low, high = wilson_interval(wins, len(tasks))
     n = max(len(trajectories), 1)
-    return EvalResult(success_rate=wins / len(tasks), ci_low=low, ci_high=high, num_tasks=len(tasks),
+    return EvalResult(success_rate=wins / max(len(tasks), 1), ci_low=low, ci_high=high, num_tasks=len(tasks),
                       num_successes=wins, mean_turns=sum(len(t.turns) for t in trajectories) / n,
                       invalid_calls_per_episode=sum(t.num_invalid_calls for t in trajectories) / n,
-                      stop_reasons=dict(Counter(t.stop_reason.value for t in trajectories)))
+                      stop_reasons=dict(Counter(t.stop_reason.value for t in trajectories)),
+                      requested_tasks=num_tasks)

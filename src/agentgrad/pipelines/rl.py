@@ -27,7 +27,7 @@ from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import select_signal_groups
 from agentgrad.data.replay import ReplayBuffer
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.envs.base import Env
+from agentgrad.envs.base import Env, close_envs
 from agentgrad.envs.faults import FaultInjectingEnv
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
@@ -125,9 +125,12 @@ def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: 
     r = c.config.rollout
     sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
                               seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
-    trajectories = run_episodes(c.policy, c.codec, [make_env(c, step, i) for i in range(len(repeated))], repeated,
-                                sampling=sampling, limits=c.limits,
-                                sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
+    envs = [make_env(c, step, i) for i in range(len(repeated))]
+    try:
+        trajectories = run_episodes(c.policy, c.codec, envs, repeated, sampling=sampling, limits=c.limits,
+                                    sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
+    finally:
+        close_envs(envs)
     scored = score(trajectories, c.reward_fn, c.suite)
     groups = [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
     return mask_tool_faults(groups) if c.config.faults.mask_tool_faults else groups
@@ -432,12 +435,19 @@ def run_rl(c: Components, logger: RunLogger, store: TrajectoryStore | None = Non
     c.learner.set_lr(algo.lr)
     after = (lambda step: c.hooks.after_rl_step(c, state, step)) if c.hooks is not None else None
     return run_steps(logger, algo.name, algo.steps, lambda step: rl_step(c, step, state, store), on_step=on_step,
-                     first_step=first_step, log_every=c.config.run.log_every, after_step=after)
+                     first_step=first_step, log_every=c.config.run.log_every, after_step=after,
+                     warn_step_s=c.config.run.slow_step_warn_s)
+
+
+def slow_step_warning(stage: str, step: int, seconds: float, limit: float) -> str:
+    return (f"warning: {stage} step {step} took {seconds:.0f} s (run.slow_step_warn_s={limit:g}); the defaults are "
+            f"sized for short two-turn episodes: for longer ones lower algo.tasks_per_step, algo.group_size or "
+            f"algo.epochs_per_step, or the rollout limits (docs/your-own-env.md)")
 
 
 def run_steps(logger: RunLogger, stage: str, n: int, step_fn: Callable[[int], Mapping[str, float]], *,
               on_step: StepHook | None, first_step: int, log_every: int = 1,
-              after_step: Callable[[int], None] | None = None) -> int:
+              after_step: Callable[[int], None] | None = None, warn_step_s: float | None = None) -> int:
     """The loop every iterative stage shares: steps numbered from `first_step`, metrics logged every `log_every`
     (and on the last or stopping step), `after_step(step + 1)` (checkpoints), and an early end when
     `on_step(step + 1, metrics)` (a schedule's switch condition) says so. Returns the steps taken."""
@@ -446,6 +456,9 @@ def run_steps(logger: RunLogger, stage: str, n: int, step_fn: Callable[[int], Ma
         for i in range(n):
             step = first_step + i
             metrics = step_fn(step)
+            if warn_step_s is not None and metrics.get("perf/step_s", 0.0) > warn_step_s:
+                logger.display.print(slow_step_warning(stage, step + 1, metrics["perf/step_s"], warn_step_s))
+                warn_step_s = None  # once per stage: the user has been told
             stop = on_step is not None and on_step(step + 1, metrics)
             if stop or (step + 1) % log_every == 0 or i + 1 == n:
                 logger.log(step + 1, stage, metrics)

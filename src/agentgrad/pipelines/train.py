@@ -77,6 +77,8 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
         logger.log(step, f"eval_{tag}", {"eval/success_rate": result.success_rate})
         display.print(f"held-out success after {label}: {result.success_rate:.1%} "
                       f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, n={result.num_tasks})")
+        if result.note:
+            display.print(result.note)
 
     def on_stage_end(index: int, stage: StageConfig, steps: int) -> None:
         steps_by_algo[stage.algo] = steps_by_algo.get(stage.algo, 0) + steps

@@ -11,7 +11,6 @@ wrapper (`with_timeout`) and `load_reward`, which resolves a registered name or 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -19,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol, Sequence, Union
 
-from agentgrad.envs.base import TaskSuite
-from agentgrad.registry import Registry
+from agentgrad.envs.base import TaskSuite, episode_success
+from agentgrad.registry import ImportRefError, Registry, import_ref
 from agentgrad.types import RewardBreakdown, ScoredTrajectory, Trajectory
 
 
@@ -89,13 +88,25 @@ def apply_reward(reward_fn: RewardFn, trajectory: Trajectory) -> RewardBreakdown
 
 @dataclass(frozen=True)
 class OutcomeReward:
-    """1.0 when the suite's verifier accepts the final answer, else 0.0; no process rewards."""
+    """1.0 when the episode succeeded, else 0.0; no process rewards. Success is the suite's choice
+    (`success_from`): its verifier on the final answer, the env's own `info["success"]` (a game won), or both."""
 
     suite: TaskSuite
 
     def __call__(self, trajectory: Trajectory) -> RewardBreakdown:
-        correct = self.suite.verify(trajectory.task, trajectory.final_answer)
+        correct = episode_success(self.suite, trajectory)
         return RewardBreakdown(outcome=1.0 if correct else 0.0, process=(0.0,) * len(trajectory.turns))
+
+
+@dataclass(frozen=True)
+class EnvReward:
+    """The reward the env computed: the sum of its per-step rewards (`Turn.env_reward`) as the outcome.
+    For the built-in suites (ToolEnv: 1.0 for a verified answer) it equals "outcome"; a game may score
+    partial wins, penalties or points its own way."""
+
+    def __call__(self, trajectory: Trajectory) -> RewardBreakdown:
+        return RewardBreakdown(outcome=sum(t.env_reward for t in trajectory.turns),
+                               process=(0.0,) * len(trajectory.turns))
 
 
 def reject_options(name: str, options: dict[str, Any]) -> None:
@@ -113,13 +124,23 @@ def make_outcome_reward(suite: TaskSuite, **options: Any) -> OutcomeReward:
 REWARDS.add("outcome", make_outcome_reward)
 
 
+def make_env_reward(suite: TaskSuite, **options: Any) -> EnvReward:
+    """Registered as "env": `EnvReward()`; no options."""
+    reject_options("env", options)
+    return EnvReward()
+
+
+REWARDS.add("env", make_env_reward)
+
+
 def score(trajectories: Sequence[Trajectory], reward_fn: RewardFn, suite: TaskSuite) -> list[ScoredTrajectory]:
-    """Apply `reward_fn`; success is always the suite's verifier (a shaped reward must not redefine success).
+    """Apply `reward_fn`; success is always the suite's (`episode_success`: its verifier, or the env's own
+    outcome), never the reward's (a shaped reward must not redefine success).
 
     A reward function that raises, times out (`with_timeout`), returns a non-finite value or a process tuple
     that does not match the turns masks that sample: `reward.masked` is True and `reward.reason` says why.
     """
-    return [ScoredTrajectory(traj, apply_reward(reward_fn, traj), success=suite.verify(traj.task, traj.final_answer))
+    return [ScoredTrajectory(traj, apply_reward(reward_fn, traj), success=episode_success(suite, traj))
             for traj in trajectories]
 
 
@@ -234,19 +255,10 @@ def with_timeout(fn: RewardFn, seconds: float) -> TimedReward:
 
 
 def _import_ref(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise RewardSpecError(f"reward reference {spec!r} must look like 'package.module:callable'")
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RewardSpecError(f"cannot import module {module_name!r} for reward {spec!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise RewardSpecError(f"module {module_name!r} has no attribute {attr!r} (reward {spec!r})") from None
-    return obj
+        return import_ref(spec, what="reward")
+    except ImportRefError as exc:
+        raise RewardSpecError(str(exc)) from None
 
 
 def _suite_parameter(obj: Any) -> inspect.Parameter | None:

@@ -9,6 +9,7 @@ incremental policy an episode rejoins generation as soon as its own tools have a
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class _Episode:
     offered_tools: frozenset[str] = frozenset()  # tool names the prompt shows
     token_masks: list[TokenMask] = field(default_factory=list)
     head_decisions: list[HeadDecision] = field(default_factory=list)
+    final_info: dict = field(default_factory=dict)  # info of the env step that ended the episode
 
     @property
     def done(self) -> bool:
@@ -125,11 +127,10 @@ def run_actions(ep: _Episode, actions: Sequence[Action], limits: RolloutLimits) 
                              tool_ok=info.get("tool_ok"), tool_error=info.get("tool_error"),
                              signals=info.get("signals", {}), env_reward=float(reward)))
         start = len(ep.token_ids)  # later actions of the same turn own no extra tokens
-        if isinstance(action, FinalAnswer):
-            ep.stop_reason = StopReason.ANSWERED
-            return
-        if terminated or truncated:
-            ep.stop_reason = StopReason.ENV_TERMINATED
+        if isinstance(action, FinalAnswer) or terminated or truncated:
+            # The env may own the outcome (a game ends itself on a win): keep what it said, JSON-able for the store.
+            ep.final_info = json.loads(json.dumps(info, default=str))
+            ep.stop_reason = StopReason.ANSWERED if isinstance(action, FinalAnswer) else StopReason.ENV_TERMINATED
             return
         ep.observations.append(Message("tool", obs))
         ep.invalid_calls += int(bad)
@@ -175,7 +176,7 @@ def finish_episode(ep: _Episode, policy_version: int = 0) -> Trajectory:
                       logprobs=tuple(ep.logprobs), prompt_length=ep.prompt_length, turns=tuple(ep.turns),
                       stop_reason=ep.stop_reason, messages=tuple(ep.messages), policy_version=policy_version,
                       sample_index=ep.sample_index, token_masks=tuple(ep.token_masks),
-                      head_decisions=tuple(ep.head_decisions))
+                      head_decisions=tuple(ep.head_decisions), final_info=ep.final_info)
 
 
 def _turn_budget(ep: _Episode, limits: RolloutLimits) -> int:

@@ -273,5 +273,19 @@ class ToolSet:
         return iter(self._tools.values())
 
 
-# Factories, not instances: a factory may open resources (a corpus, a sandbox pool) per env.
-TOOLS: Registry[Callable[[], Tool]] = Registry("tool")
+# Factories, not instances: a factory may open resources (a corpus, a sandbox pool) per env. Names that are not
+# registered resolve as import paths (`my_pkg.tools:convert`) or entry points of `agentgrad.tools`.
+TOOLS: Registry[Callable[[], Tool]] = Registry("tool", plugins=True, entry_point_group="agentgrad.tools")
+
+
+def make_tool(name: str) -> Tool:
+    """The tool `name` names: a registered factory's product, or what an import path / entry point points at,
+    which may be a `@tool` function (a Tool itself) or a zero-argument factory that returns one."""
+    obj: Any = TOOLS.get(name)
+    if not isinstance(obj, type) and isinstance(obj, Tool):
+        return obj
+    made = obj()
+    if not isinstance(made, Tool):
+        raise TypeError(f"tool {name!r} resolved to {type(obj).__name__}, which is neither a Tool (e.g. a @tool "
+                        f"function) nor a factory returning one (it returned {type(made).__name__})")
+    return made

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from agentgrad.tools.base import TOOLS, Tool, ToolErrorKind, ToolResult
+from agentgrad.registry import ImportRefError
+from agentgrad.tools.base import TOOLS, Tool, ToolErrorKind, ToolResult, make_tool
 
 RESOURCE_KEYS = ("corpus_path", "db_path", "timeout_s")
 TOOL_NAMES = ("calculator", "python", "search", "open", "sql")
@@ -58,8 +59,11 @@ def _build(name: str, resources: dict[str, Any]) -> tuple[Tool | None, Callable[
 
         pool = SandboxPool(SandboxConfig(**({"timeout_s": float(timeout)} if timeout else {})), size=1)
         return make_python_tool(pool), pool.close, None
-    if name in TOOLS:
-        return TOOLS.get(name)(), nothing, None
+    if TOOLS.resolvable(name):  # registered, an import path (`examples.custom_tool:convert`), or an entry point
+        try:
+            return make_tool(name), nothing, None
+        except ImportRefError as exc:
+            return None, nothing, str(exc)
     return None, nothing, None
 
 

@@ -3,7 +3,8 @@
 One JSON object per line:
 
     {"task_id": "q1", "prompt": "What is 17 * 23?", "answer": "391",
-     "tools": ["calculator"],              # optional: names in agentgrad.tools.TOOLS (default: none)
+     "tools": ["calculator"],              # optional: names in agentgrad.tools.TOOLS, or import paths of
+                                           #   your own tools ("my_tools:convert"); default: none
      "verifier": "numeric",                # optional: exact | numeric | normalized (default: the `verifier` option)
      "split": "train",                     # optional: train | heldout | test (default: by a hash of task_id)
      "expert": [{"name": "calculator", "arguments": {"expression": "17 * 23"}}],  # optional demonstration calls
@@ -26,7 +27,8 @@ from typing import Any
 from agentgrad.envs.base import SUITES
 from agentgrad.envs.tasks import SPLITS, VERIFIERS, TaskToolEnv, check_split, split_of, stable_int, verify_by_kind
 from agentgrad.tools import python_tool as _python_tool  # noqa: F401  (registers the "python" tool)
-from agentgrad.tools.base import TOOLS, Tool, ToolSet
+from agentgrad.registry import ImportRefError
+from agentgrad.tools.base import TOOLS, Tool, ToolSet, make_tool
 from agentgrad.types import Action, FinalAnswer, Task, ToolCall
 
 SYSTEM_PROMPT = "Answer the question. Use the tools when they help."
@@ -84,8 +86,14 @@ def load_jsonl_tasks(path: str | Path, *, suite: str = "jsonl", verifier: str = 
             if len(set(tools)) != len(tools):
                 raise _fail(path, n, "'tools' lists a tool twice")
             for t in tools:
-                if t not in TOOLS:
-                    raise _fail(path, n, f"unknown tool {t!r}; registered tools: {', '.join(TOOLS.names())}")
+                if not TOOLS.resolvable(t):
+                    raise _fail(path, n, f"unknown tool {t!r}; registered tools: {', '.join(TOOLS.names())}, or an "
+                                         f"import path 'package.module:attr'")
+                if t not in TOOLS:  # an import path: fail here, naming the line, rather than at the first reset
+                    try:
+                        TOOLS.get(t)
+                    except ImportRefError as exc:
+                        raise _fail(path, n, str(exc)) from None
             kind = rec.get("verifier", verifier)
             if kind not in VERIFIERS:
                 raise _fail(path, n, f"unknown verifier {kind!r}; valid: {', '.join(VERIFIERS)}")
@@ -151,7 +159,7 @@ class JsonlSuite:
         if key not in self._toolsets:
             for name in key:
                 if name not in self._tools:
-                    self._tools[name] = TOOLS.get(name)()
+                    self._tools[name] = make_tool(name)
             self._toolsets[key] = ToolSet([self._tools[name] for name in key])
         return self._toolsets[key]
 
