@@ -80,7 +80,7 @@ def _zombie_children() -> list[int]:
 def leftovers(pool: SandboxPool) -> list[int]:
     """Processes of this pool other than its (idle) servers. Polls briefly: the kernel may still be reaping."""
     servers = set(pool.server_pids())
-    uids = range(pool.config.uid_base, pool.config.uid_base + pool.size)
+    uids = set(pool.uids)
     for _ in range(50):
         left = [p for p in _processes_with_token(pool.token) if p not in servers]
         left += [p for p in _processes_of_uids(uids) if p not in servers] if os.geteuid() == 0 else []
