@@ -8,7 +8,10 @@ import builtins
 import os
 import sys
 import types
-from typing import Any
+
+TYPE_CHECKING = False  # not `typing`'s: the server does not import typing (its pages slow every fork)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _print_exception(exc: BaseException, code: str, filename: str) -> None:

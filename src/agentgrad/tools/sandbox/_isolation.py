@@ -15,13 +15,15 @@ drop and the syscall filter (`_seccomp.py`).
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
-from typing import Any
 
 from . import _linux as L
 from ._seccomp import Filter, build_filter
+
+TYPE_CHECKING = False  # not `typing`'s: the server does not import typing (its pages slow every fork)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Visible (read-only) in the allow-list root, when they exist. Symlinks (merged /usr) are recreated as symlinks.
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -208,7 +210,8 @@ def allowed_paths(cfg: dict[str, Any]) -> list[str]:
     """Host paths visible in the sandbox: system directories, a few of /etc, the Python installation, extras."""
     python = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     extra = {os.path.realpath(p) for p in cfg.get("readonly_paths", ())}
-    etc = list(ETC_PATHS) + sorted(glob.glob("/etc/python3*"))  # Debian's python reads /etc/python3.X
+    etc = list(ETC_PATHS) + sorted(f"/etc/{n}" for n in os.listdir("/etc") if n.startswith("python3"))
+    # (Debian's python reads /etc/python3.X)
     paths = [p for p in (*SYSTEM_PATHS, *etc) if os.path.lexists(p)]
     paths += sorted(p for p in python | extra if os.path.exists(p))
     out: list[str] = []

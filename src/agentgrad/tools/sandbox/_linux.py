@@ -14,7 +14,10 @@ import resource
 import select
 import struct
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # not `typing`'s: the server does not import typing (its pages slow every fork)
+if TYPE_CHECKING:
+    from typing import Any
 
 ENV_MARKER = "AGENTGRAD_SANDBOX_POOL"  # every server (and so every process it forks) carries the pool's token
 

@@ -20,15 +20,14 @@ filter is compiled once per server (`build_filter()`), exported as raw BPF, and 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
-import socket
 
 from ._linux import NAMESPACE_FLAGS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prctl
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 4, 7
+AF_UNIX = 1  # not from `socket`: the server stays lean
 
 BLOCKED_EPERM = ("add_key", "request_key", "keyctl", "unshare", "setns", "mount", "umount2", "pivot_root",
                  "chroot", "fsopen", "fsmount", "open_tree", "move_mount")
@@ -63,7 +62,7 @@ class Filter:
 
 
 def _load_libseccomp() -> ctypes.CDLL | None:
-    for name in ("libseccomp.so.2", ctypes.util.find_library("seccomp")):
+    for name in ("libseccomp.so.2", "libseccomp.so"):  # no ctypes.util: it imports subprocess & co
         if name:
             try:
                 so = ctypes.CDLL(name, use_errno=True)
@@ -102,7 +101,7 @@ def build_filter() -> tuple[Filter | None, str | None]:
             rule(_errno_action(errno.EPERM), name)
         for name in BLOCKED_ENOSYS:
             rule(_errno_action(errno.ENOSYS), name)
-        rule(_errno_action(errno.EPERM), "socket", (0, SCMP_CMP_EQ, socket.AF_UNIX, 0))
+        rule(_errno_action(errno.EPERM), "socket", (0, SCMP_CMP_EQ, AF_UNIX, 0))
         for flag in NAMESPACE_FLAGS:
             rule(_errno_action(errno.EPERM), "clone", (0, SCMP_CMP_MASKED_EQ, flag, flag))
         r, w = os.pipe()

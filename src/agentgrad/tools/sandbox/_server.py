@@ -24,11 +24,14 @@ import select
 import signal
 import sys
 import time
-from typing import Any
 
 from . import _linux as L
 from ._exec import exec_code
 from ._isolation import Isolation
+
+TYPE_CHECKING = False  # not `typing`'s: the server does not import typing (its pages slow every fork)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Output:
