@@ -37,8 +37,9 @@ def main() -> None:
     lat.sort()
     inner.sort()
     q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] * 1e3  # noqa: E731
-    print(f"isolation: mode={caps['mode']} net={caps['network_isolated']} fs={caps['filesystem_isolated']} "
-          f"pidns={caps['pid_namespace']} proc={caps['proc']!r} ({caps['privileges']})")
+    print(f"isolation: mode={caps['mode']} net={caps['network_isolated']} ipc={caps['ipc_isolated']} "
+          f"fs={caps['filesystem_isolated']} (allow-list) pidns={caps['pid_namespace']} proc={caps['proc']!r} "
+          f"seccomp={caps['syscall_filter']} ({caps['privileges']})")
     print(f"server start-up: {start_s * 1e3:.1f} ms")
     print(f"{args.runs} x {args.code!r}: p50 {q(lat, 0.5):.2f} ms  p99 {q(lat, 0.99):.2f} ms  "
           f"mean {statistics.fmean(lat) * 1e3:.2f} ms  (in-server p50 {q(inner, 0.5):.2f} ms)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,25 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _disk_full(exc: BaseException, run_dir: Path) -> bool:
+    """ENOSPC, however the writer reported it: OSError, safetensors' error text, or torch's bare "file write
+    failed" while the run directory's disk has no room left."""
+    import shutil
+
+    chain = [exc]
+    while chain[-1].__cause__ or chain[-1].__context__:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    if any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain):
+        return True
+    text = " ".join(str(e) for e in chain)
+    if "No space left on device" in text or "os error 28" in text:
+        return True
+    try:
+        return "write" in text.lower() and shutil.disk_usage(run_dir).free < (1 << 20)
+    except OSError:
+        return False
+
+
 @app.command()
 def train(
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
@@ -33,18 +53,21 @@ def train(
                                           "config.yaml."),
 ) -> None:
     """Train: BC warm-up on expert demonstrations, then online RL; held-out success after each."""
-    import yaml
+    from agentgrad.config import ConfigError, build_config, load_config, read_yaml
+    from agentgrad.pipelines.preflight import BadInputError, check_fresh_run, check_resumable, preflight
 
-    from agentgrad.config import ConfigError, build_config
-
-    try:
+    try:  # everything that can be checked before torch and the model are loaded, so a bad command fails fast
         if resume is not None:
             if not (resume / "config.yaml").exists():
                 _fail(f"{resume} is not a run directory (no config.yaml)")
-            config = build_config(None, overrides or [], base=yaml.safe_load((resume / "config.yaml").read_text()))
+            config = build_config(None, overrides or [], base=read_yaml(resume / "config.yaml"))
+            check_resumable(resume, load_config(resume / "config.yaml").run.checkpoint_every)
         else:
             config = build_config(preset, overrides or [])
-    except ConfigError as exc:
+            if config.run.name:
+                check_fresh_run(Path(config.run.output_dir) / config.run.name)
+        preflight(config)
+    except (ConfigError, BadInputError) as exc:
         _fail(str(exc))
     from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
@@ -58,8 +81,16 @@ def train(
     plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError)  # user code and data
     try:
         summary = run_train(config, run_dir=resume, resume=resume is not None)
-    except (ModelLoadError, FileExistsError, NonFiniteLossError, DemoLimitError, *plugin_errors) as exc:
+    except (ModelLoadError, BadInputError, FileExistsError, NonFiniteLossError, DemoLimitError, *plugin_errors) as exc:
         _fail(str(exc))
+    except Exception as exc:
+        where = resume or Path(config.run.output_dir) / (config.run.name or "RUN_DIR")
+        if not _disk_full(exc, where):
+            raise
+        _fail(f"disk full while writing to {where}: free space, then "
+              + (f"continue with `agentgrad train --resume {where}`" if config.run.checkpoint_every else
+                 "run again under another run.name (run.checkpoint_every=0 left no run-state checkpoint to "
+                 "resume from; set it > 0 to make a run resumable)"))
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))
 
@@ -73,19 +104,23 @@ def eval_cmd(
     seed: Optional[int] = typer.Option(None, help="Held-out task seed (default: the run's seed)."),
 ) -> None:
     """Held-out success of a trained run, with a 95% confidence interval."""
+    from agentgrad.config import ConfigError, load_config
+
+    if not (run_dir / "config.yaml").exists():
+        _fail(f"{run_dir} is not a run directory (no config.yaml)")
+    try:  # before torch is imported: a broken config.yaml fails in a second
+        config = load_config(run_dir / "config.yaml")
+    except ConfigError as exc:
+        _fail(str(exc))
     import torch
 
     from agentgrad.checkpoint import latest_checkpoint
-    from agentgrad.config import ConfigError, load_config
     from agentgrad.models.hf import ModelLoadError, load_model
     from agentgrad.pipelines.components import inference, make_suite, make_tool_head, quiet_hf, rollout_limits
     from agentgrad.pipelines.evaluate import evaluate
 
-    if not (run_dir / "config.yaml").exists():
-        _fail(f"{run_dir} is not a run directory (no config.yaml)")
     quiet_hf()
     try:
-        config = load_config(run_dir / "config.yaml")
         ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
         loaded = load_model(ckpt, dtype=config.model.dtype, device=config.model.device)
     except (ConfigError, ModelLoadError, FileNotFoundError) as exc:

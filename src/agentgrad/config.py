@@ -383,7 +383,10 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if not key:
             raise ConfigError(f"override {item!r} has an empty key")
-        value = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
         if "." not in key and isinstance(value, str) and _section_at([key]) is not None:
             key = f"{key}.name"
         _set_dotted(tree, key, value)
@@ -423,9 +426,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
 def _load_preset_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if path in chain:
         raise ConfigError(f"preset {path} extends itself: {' -> '.join(map(str, (*chain, path)))}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must hold a mapping of sections")
+    data = read_yaml(path)
     parent = data.pop("extends", None if path == _preset_path(DEFAULT_PRESET) else DEFAULT_PRESET)
     if parent is None:
         return data
@@ -435,6 +436,24 @@ def _load_preset_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if parent_path.suffix and not parent_path.is_absolute():
         parent = str(path.parent / parent_path)  # relative to the file that names it
     return _merge(_load_preset_file(_preset_path(parent), (*chain, path)), data)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what is wrong and where (YAML's own message spans several lines, with a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}{where}"
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping; ConfigError (one line) when it is not valid YAML or not a mapping."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must hold a mapping of sections")
+    return data
 
 
 def suite_defaults(suite: str) -> dict[str, Any]:
@@ -499,7 +518,7 @@ def save_config(config: Config, path: str | Path) -> None:
 
 def load_config(path: str | Path) -> Config:
     try:
-        return Config.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+        return Config.model_validate(read_yaml(path))
     except ValidationError as exc:
         raise ConfigError(_explain(exc)) from None
 

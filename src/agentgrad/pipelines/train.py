@@ -13,11 +13,12 @@ from datetime import datetime
 from pathlib import Path
 
 from agentgrad.checkpoint import save_checkpoint
-from agentgrad.config import Config, StageConfig, save_config
+from agentgrad.config import Config, StageConfig, load_config, save_config
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import JsonlSink, ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_components
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
+from agentgrad.pipelines.preflight import check_fresh_run, check_resumable
 from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
 from agentgrad.pipelines.schedule import ScheduleState, run_schedule, stages_of
 
@@ -25,8 +26,7 @@ from agentgrad.pipelines.schedule import ScheduleState, run_schedule, stages_of
 def make_run_dir(config: Config) -> Path:
     name = config.run.name or datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(config.run.output_dir) / name
-    if (run_dir / "summary.json").exists():
-        raise FileExistsError(f"{run_dir} already holds a finished run; pick another run.name")
+    check_fresh_run(run_dir)  # starting over in an earlier run's directory would truncate its data
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -58,6 +58,8 @@ def start_or_resume(config: Config, run_dir: Path, resume: bool, hooks: RunCheck
 def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) -> dict:
     """Run the stages (`schedule.stages`, or bc then `algo.name`), with held-out evals after the leading BC
     stages and at the end. The schedule's state is kept in `schedule_state.json`."""
+    if resume and run_dir is not None and (run_dir / "config.yaml").exists():
+        check_resumable(run_dir, load_config(run_dir / "config.yaml").run.checkpoint_every)
     run_dir = run_dir or make_run_dir(config)
     if not (resume and (run_dir / "config.yaml").exists()):
         save_config(config, run_dir / "config.yaml")

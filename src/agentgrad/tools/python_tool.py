@@ -1,4 +1,4 @@
-"""The `python` tool: runs model-written code in the sandbox (see `sandbox.py` and docs/sandbox.md).
+"""The `python` tool: runs model-written code in the sandbox (see `tools/sandbox/` and docs/sandbox.md).
 
 Results are typed: a syntax error is `bad_arguments`, a timeout (wall clock or CPU) is `timeout`, a non-zero exit
 or a kill (memory, output flood, process limit) is `crashed` and still carries the output. `signals` always hold

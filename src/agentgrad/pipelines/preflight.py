@@ -1,0 +1,81 @@
+"""Checks a command runs before it builds a model: bad input fails in a second, with one line, and touches no file.
+
+`preflight(config)` checks model.path (a local path first: a missing directory is not a hub id), then builds the
+task suite and the reward exactly as the run will (unknown names, options, a task file that is missing or has a
+broken line, a reward module that does not import, a judge without a passing calibration). `check_fresh_run`
+and `check_resumable` guard the data of an existing run directory. Each raises `BadInputError` with a one-line
+message; `agentgrad` prints it as `error: ...` and exits 2. No torch here, so that failing is fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentgrad.config import Config
+
+LATEST = "LATEST"  # checkpoints/LATEST of a run with a run-state checkpoint (as agentgrad.checkpoint writes it)
+
+
+class BadInputError(ValueError):
+    """A command's input cannot work; the message (one line) says what and how to fix it."""
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def check_model_path(path: str | None) -> None:
+    if not path:
+        return
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise BadInputError(f"could not load model.path {path!r}: a file, not a model directory")
+        if not (p / "config.json").is_file():
+            raise BadInputError(f"could not load model.path {path!r}: no config.json in it (empty or not saved by "
+                                "save_pretrained); leave model.path empty to build the tiny model")
+        return
+    # A hub id is `name` or `org/name`; anything else that does not exist is a local path that is missing.
+    if p.is_absolute() or path.startswith((".", "~")) or path.count("/") > 1 or "\\" in path:
+        raise BadInputError(f"could not load model.path {path!r}: no such directory")
+
+
+def preflight(config: Config) -> None:
+    from agentgrad.envs import SUITES
+    from agentgrad.rewards.base import load_reward
+
+    check_model_path(config.model.path)
+    if config.env.name not in SUITES:
+        raise BadInputError(f"env.name: unknown suite {config.env.name!r}; valid names: {', '.join(SUITES.names())}")
+    try:
+        suite = SUITES.get(config.env.name)(**config.env.options)
+    except Exception as exc:  # a suite (maybe a plug-in) rejecting its options: TypeError, ValueError, OSError...
+        raise BadInputError(f"env {config.env.name!r} with options {config.env.options}: {one_line(exc)}") from None
+    try:
+        load_reward(config.reward.name, suite, **config.reward.options)
+    except Exception as exc:  # unknown name, a module that does not import (any error), an uncalibrated judge
+        raise BadInputError(f"reward {config.reward.name!r}: {one_line(exc)}") from None
+
+
+def _has_data(run_dir: Path) -> bool:
+    trajectories = run_dir / "trajectories"
+    metrics = run_dir / "metrics.jsonl"
+    return ((metrics.exists() and metrics.stat().st_size > 0)
+            or (trajectories.is_dir() and any(f.stat().st_size for f in trajectories.iterdir() if f.is_file())))
+
+
+def check_fresh_run(run_dir: Path) -> None:
+    """A new run must not reuse the directory of an earlier one (starting over would truncate its data)."""
+    if (run_dir / "config.yaml").exists() or _has_data(run_dir):
+        raise BadInputError(f"{run_dir} already holds a run; continue it with `agentgrad train --resume {run_dir}` "
+                            "or pick another run.name")
+
+
+def check_resumable(run_dir: Path, saved_checkpoint_every: int) -> None:
+    """`--resume` needs a run-state checkpoint, unless the run has written nothing worth keeping yet. A run
+    saved with run.checkpoint_every=0 never writes one mid-run, so a restart would discard what it has."""
+    if (run_dir / "checkpoints" / LATEST).exists() or saved_checkpoint_every > 0 or not _has_data(run_dir):
+        return
+    raise BadInputError(f"{run_dir} has no run-state checkpoint to resume from (it ran with run.checkpoint_every=0):"
+                        " resuming would restart it and discard its trajectories and metrics; start a new run with "
+                        "another run.name (and run.checkpoint_every=N to make it resumable)")
