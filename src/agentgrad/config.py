@@ -32,6 +32,8 @@ class TinyModelConfig(_Section):
     intermediate_size: int = Field(384, gt=0, description="MLP width of the tiny model.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary trained locally (digits are single tokens).")
     tokenizer_corpus_episodes: int = Field(400, gt=0, description="Expert episodes rendered to train the tokenizer.")
+    max_positions: int = Field(1024, gt=0, description="Context length of the tiny model: at least "
+                               "rollout.max_total_tokens (RoPE has no learnt positions, so it costs no parameters).")
 
 
 class ModelConfig(_Section):
@@ -291,6 +293,9 @@ class Config(_Section):
     def _consistent(self) -> "Config":
         if self.rollout.max_new_tokens_per_turn >= self.rollout.max_total_tokens:
             raise ValueError("rollout.max_new_tokens_per_turn must be smaller than rollout.max_total_tokens")
+        if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
+            raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
+                             f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
         return self
 
     @property

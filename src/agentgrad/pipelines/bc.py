@@ -13,40 +13,9 @@ from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import TokenBatch, collate, collate_head
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.demos import DemoLimitError, check_demos_fit, expert_demos  # noqa: F401 (their old home)
 from agentgrad.pipelines.evaluate import evaluate
-from agentgrad.rollout.loop import RolloutLimits, expert_trajectory
-from agentgrad.types import StopReason, Trajectory
-
-
-class DemoLimitError(ValueError):
-    """Expert demonstrations that the rollout limits cut short: BC on them would teach truncated episodes."""
-
-
-def expert_demos(c: Components, n: int, seed: int) -> list[Trajectory]:
-    tasks = c.suite.sample_tasks(n, split="train", seed=seed)
-    env = c.suite.make_env()
-    demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
-    check_demos_fit(demos, c.limits)
-    return demos
-
-
-def check_demos_fit(demos: list[Trajectory], limits: RolloutLimits) -> None:
-    """Fail fast (and say which limit to raise) instead of cloning episodes the policy could never finish."""
-    cut = [d for d in demos if d.stop_reason is not StopReason.ANSWERED]
-    long_turns = [t.end - t.start for d in demos for t in d.turns if t.end - t.start > limits.max_new_tokens_per_turn]
-    if not cut and not long_turns:
-        return
-    problems = []
-    if cut:
-        d = cut[0]
-        problems.append(f"{len(cut)} of {len(demos)} stop before answering (first: {d.task.task_id}, "
-                        f"{d.stop_reason.value} after {len(d.turns)} turns, {len(d.token_ids)} tokens, prompt "
-                        f"{d.prompt_length}); limits: rollout.max_turns={limits.max_turns}, "
-                        f"rollout.max_total_tokens={limits.max_total_tokens}")
-    if long_turns:
-        problems.append(f"{len(long_turns)} turns need up to {max(long_turns)} tokens; "
-                        f"rollout.max_new_tokens_per_turn={limits.max_new_tokens_per_turn}")
-    raise DemoLimitError("expert demonstrations do not fit the rollout limits: " + "; ".join(problems))
+from agentgrad.types import Trajectory
 
 
 def bc_lr(step: int, *, peak: float, warmup: int, total: int, schedule: str, floor: float = 0.1) -> float:
@@ -100,7 +69,7 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
     cfg = c.config.bc
     if cfg.steps == 0:
         return 0
-    demos = demos if demos is not None else expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
+    demos = demos if demos is not None else expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1, logger=logger)
     rng = random.Random(c.config.run.seed)
     logger.display.start("bc", cfg.steps)
     for step in range(cfg.steps):
