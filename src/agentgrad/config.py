@@ -40,6 +40,8 @@ class TinyModelConfig(_Section):
     init_std: float = Field(0.06, gt=0, description="Std of the tiny model's initial weights (HF's "
                             "initializer_range). HF's 0.02 left BC on a loss plateau for 200 to 600+ steps, "
                             "seed- and CPU-dependent; 0.06 leaves it within ~80 (docs/learning.md).")
+    max_positions: int = Field(1024, gt=0, description="Context length of the tiny model: at least "
+                               "rollout.max_total_tokens (RoPE has no learnt positions, so it costs no parameters).")
 
 
 class ModelConfig(_Section):
@@ -324,6 +326,9 @@ class Config(_Section):
     def _consistent(self) -> "Config":
         if self.rollout.max_new_tokens_per_turn >= self.rollout.max_total_tokens:
             raise ValueError("rollout.max_new_tokens_per_turn must be smaller than rollout.max_total_tokens")
+        if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
+            raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
+                             f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
         return self
 
     @property

@@ -51,7 +51,9 @@ def test_suite_defaults_sit_between_field_defaults_and_overrides():
 
     assert suite_defaults("arithmetic") == {}
     multi = build_config(overrides=["env=multi-tool"])
-    assert (multi.rollout.max_turns, multi.rollout.max_total_tokens) == (7, 1024)
+    assert (multi.rollout.max_turns, multi.rollout.max_total_tokens, multi.model.tiny.max_positions) == (7, 1280, 1280)
+    with pytest.raises(ConfigError, match="exceeds the tiny model's context, model.tiny.max_positions=1024"):
+        build_config(overrides=["rollout.max_total_tokens=1100"])  # longer episodes than the tiny model can read
     assert build_config(overrides=["env=multi-tool", "rollout.max_turns=3"]).rollout.max_turns == 3
     api = build_config(overrides=["env=api-catalog", "env.options={kinds: [single]}"])
     assert api.env.options == {"schemas": "none", "kinds": ["single"]}  # option mappings merge

@@ -13,34 +13,18 @@ from torch import Tensor
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import TokenBatch, collate, collate_head
-from agentgrad.envs.base import close_env
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.demos import DemoLimitError, check_demos_fit, expert_demos  # noqa: F401 (their old home)
 from agentgrad.pipelines.evaluate import evaluate
-from agentgrad.rollout.loop import RolloutLimits, expert_trajectory
-from agentgrad.types import StopReason, Trajectory
-
-
-class DemoLimitError(ValueError):
-    """Expert demonstrations that the rollout limits cut short: BC on them would teach truncated episodes."""
-
-
-def expert_demos(c: Components, n: int, seed: int) -> list[Trajectory]:
-    tasks = c.suite.sample_tasks(n, split="train", seed=seed)
-    env = c.suite.make_env()
-    try:
-        demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
-    finally:
-        close_env(env)
-    check_demos_fit(demos, c.limits)
-    return demos
+from agentgrad.types import Trajectory
 
 
 def bc_demos(c: Components, logger: RunLogger) -> list[Trajectory]:
     """What BC clones: the logged trajectories of bc.demos, or bc.num_demos episodes of the suite's expert."""
     cfg = c.config.bc
     if cfg.demos is None:
-        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1)
+        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1, logger=logger)
     from agentgrad.pipelines.data import DemoLoadError, read_demos, suite_tools
 
     if c.tool_head is not None:
@@ -49,27 +33,7 @@ def bc_demos(c: Components, logger: RunLogger) -> list[Trajectory]:
     log = read_demos(cfg.demos, c.codec, suite_tools(c.suite)[0])
     logger.display.print(log.summary(cfg.demos))
     logger.log(0, "bc_demos", log.metrics())
-    check_demos_fit(list(log.demos), c.limits)
-    return list(log.demos)
-
-
-def check_demos_fit(demos: list[Trajectory], limits: RolloutLimits) -> None:
-    """Fail fast (and say which limit to raise) instead of cloning episodes the policy could never finish."""
-    cut = [d for d in demos if d.stop_reason not in (StopReason.ANSWERED, StopReason.ENV_TERMINATED)]  # a game ends itself
-    long_turns = [t.end - t.start for d in demos for t in d.turns if t.end - t.start > limits.max_new_tokens_per_turn]
-    if not cut and not long_turns:
-        return
-    problems = []
-    if cut:
-        d = cut[0]
-        problems.append(f"{len(cut)} of {len(demos)} stop before answering (first: {d.task.task_id}, "
-                        f"{d.stop_reason.value} after {len(d.turns)} turns, {len(d.token_ids)} tokens, prompt "
-                        f"{d.prompt_length}); limits: rollout.max_turns={limits.max_turns}, "
-                        f"rollout.max_total_tokens={limits.max_total_tokens}")
-    if long_turns:
-        problems.append(f"{len(long_turns)} turns need up to {max(long_turns)} tokens; "
-                        f"rollout.max_new_tokens_per_turn={limits.max_new_tokens_per_turn}")
-    raise DemoLimitError("expert demonstrations do not fit the rollout limits: " + "; ".join(problems))
+    return list(check_demos_fit(list(log.demos), c.limits).kept)
 
 
 def bc_lr(step: int, *, peak: float, warmup: int, total: int, schedule: str, floor: float = 0.1) -> float:

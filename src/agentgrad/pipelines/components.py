@@ -96,7 +96,7 @@ def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path) -> P
     return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed,
                            hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                            num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
-                           init_std=t.init_std)
+                           init_std=t.init_std, max_positions=t.max_positions)
 
 
 TOOL_HEAD_FILE = "tool_head.pt"
