@@ -45,10 +45,12 @@ def preflight(config: Config) -> None:
     from agentgrad.rewards.base import load_reward
 
     check_model_path(config.model.path)
-    if config.env.name not in SUITES:
-        raise BadInputError(f"env.name: unknown suite {config.env.name!r}; valid names: {', '.join(SUITES.names())}")
+    try:  # a registered name, a `module:attr` import path or an entry point (UnknownNameError, ImportRefError)
+        factory = SUITES.get(config.env.name)
+    except (KeyError, ValueError) as exc:
+        raise BadInputError(f"env.name: {one_line(exc)}") from None
     try:
-        suite = SUITES.get(config.env.name)(**config.env.options)
+        suite = factory(**config.env.options)
     except Exception as exc:  # a suite (maybe a plug-in) rejecting its options: TypeError, ValueError, OSError...
         raise BadInputError(f"env {config.env.name!r} with options {config.env.options}: {one_line(exc)}") from None
     try:
