@@ -16,6 +16,7 @@ drop and the syscall filter (`_seccomp.py`).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from . import _linux as L
@@ -247,12 +248,14 @@ def build_root(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
     root = next(p for p in NEW_ROOT_AT if os.path.isdir(p) and not os.path.islink(p))
     try:
         L.mount("tmpfs", root, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755,size=1m")
+        # The private /tmp first: a visible path under the host's /tmp (a checkout and its venv cloned there) is
+        # then bound on top of it, where mounting /tmp afterwards would cover it.
+        os.mkdir(root + "/tmp", 0o711)
+        L.mount("tmpfs", root + "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"mode=0711,size={int(cfg['tmp_mb'])}m")
         for p in paths:
             _bind_into(root, p, fds.get(p))
         _make_dev(root, fds)
         _make_proc(root, proc_fd)
-        os.mkdir(root + "/tmp", 0o711)
-        L.mount("tmpfs", root + "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"mode=0711,size={int(cfg['tmp_mb'])}m")
         hidden = hidden_inside(paths, cfg.get("hide_paths", ()))
         for p in hidden:
             L.mount("tmpfs", root + p, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755,size=64k")
@@ -274,7 +277,7 @@ def _bind_into(root: str, path: str, fd: int | None) -> None:
     if fd is None:  # a symlink (merged /usr: /bin -> usr/bin): the same link, resolved inside the new root
         os.symlink(os.readlink(path), target)
         return
-    if os.path.isdir(path):
+    if stat.S_ISDIR(os.fstat(fd).st_mode):  # from the fd: the host path may lie where the new root now stands
         os.makedirs(target, mode=0o755, exist_ok=True)
     else:
         open(target, "w").close()
