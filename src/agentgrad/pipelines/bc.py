@@ -84,7 +84,7 @@ def validation_success(c: Components) -> float:
 @dataclass
 class StopRule:
     """BC's stopping rule. BC on a tiny model crosses a sharp phase change (0% -> 80% validation success within
-    ~30 steps), so one check of a few dozen tasks is a noisy place to decide where RL starts: the rule stops on
+    ~10 steps), so one check of a few dozen tasks is a noisy place to decide where RL starts: the rule stops on
     the mean of the last `window` checks, and remembers the weights of the best such mean so that a BC that
     never reaches `target` hands on its best policy rather than its last."""
 
@@ -103,11 +103,12 @@ class StopRule:
     def observe(self, success: float, step: int, model: torch.nn.Module, keep_best: bool) -> bool:
         """Record a check; True when BC should stop."""
         self.checks.append(success)
+        stop = len(self.checks) >= self.window and self.smoothed >= self.target
         if self.smoothed > self.best:
             self.best, self.best_step = self.smoothed, step
-            if keep_best:
+            if keep_best and not stop:  # a stopping BC hands on its current weights: no copy needed
                 self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        return len(self.checks) >= self.window and self.smoothed >= self.target
+        return stop
 
 
 def _warn_if_stalled(c: Components, logger: RunLogger, rule: StopRule, step: int, warned: bool) -> bool:
