@@ -88,6 +88,12 @@ class RolloutConfig(_Section):
     deterministic_schedule: bool = Field(False, description="Wait for every pending tool call after each decode "
                                          "step, so which episodes share a step (and so the last bits of the logprobs) "
                                          "never depends on tool timing: bit-repeatable runs, at the cost of overlap.")
+    batch_invariant: bool = Field(False, description="Attend over the whole key length (max_total_tokens) at "
+                                  "every decode step, so an episode's floats never depend on which episodes share "
+                                  "its step: a fixed seed repeats tokens and logprobs bit for bit whatever the tool "
+                                  "timing, with overlap kept, at a cost in decode speed (27% fewer tokens/s on the "
+                                  "tiny model, benchmarks/rollout_throughput.py). Off, a draw that falls within "
+                                  "rounding of a sampling boundary can flip a token when tool timing changes.")
     tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
                                                    "in flight).")
     action_head: Literal["tokens", "factored"] = Field("tokens", description="How a call's tool name is chosen. "

@@ -1,5 +1,6 @@
 """Concurrent tools in the continuous-batching agent loop, with the real HFPolicy engine: a slow tool in one
-episode does not hold the others back, and a fixed seed gives the same tokens whatever the tool timing.
+episode does not hold the others back, and a fixed seed repeats bit for bit whatever the tool timing (with the
+deterministic schedule, or with the batch-invariant engine).
 
 The untrained tiny model is steered by a logits processor that forces scripted tool calls, so episodes are
 multi-turn without training; forced tokens have logprob 0, free turns are sampled."""
@@ -71,8 +72,10 @@ def _forcing(codec, n_episodes, forced_turns):
     return processor
 
 
-def _run(loaded, codec, tools, n, *, forced_turns, max_turns, seed, max_new=48, deterministic=False):
-    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+def _run(loaded, codec, tools, n, *, forced_turns, max_turns, seed, max_new=48, deterministic=False,
+         batch_invariant=False):
+    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id,
+                      batch_invariant=batch_invariant)
     tasks = [Task(f"t{i}", f"task {i}", "x") for i in range(n)]
     envs = [ToolEnv(tools.toolset, lambda task, answer: True, system_prompt="s") for _ in tasks]
     limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new, max_total_tokens=400,
@@ -110,20 +113,23 @@ def test_a_slow_tool_does_not_stall_the_other_episodes(loaded_tiny, codec):
 
 
 @pytest.mark.slow
-def test_fixed_seed_gives_the_same_tokens_whatever_the_tool_timing(loaded_tiny, codec):
+def test_batch_invariant_engine_repeats_a_fixed_seed_bit_for_bit_whatever_the_tool_timing(loaded_tiny, codec):
+    """Tools return in another order each run, so other episodes share each decode step. Without
+    `batch_invariant` the attention's key length follows the longest row in the step, kernels round the last bit
+    differently, and a draw near a sampling boundary flips a token (seen in 4 of 8 runs of this test at
+    seed 3); with it, the floats do not depend on the neighbours."""
     jitter = random.Random()  # deliberately unseeded: tools return in a different order each run
     runs = []
-    for _ in range(2):
+    for _ in range(3):
         tools = SleepTools(lambda tag, index: jitter.random() * 0.05)
-        runs.append(_run(loaded_tiny, codec, tools, 6, forced_turns=2, max_turns=3, seed=3))
-    other = _run(loaded_tiny, codec, SleepTools(lambda tag, index: 0.0), 6, forced_turns=2, max_turns=3, seed=4)
-    a, b = runs
+        runs.append(_run(loaded_tiny, codec, tools, 6, forced_turns=2, max_turns=3, seed=3, batch_invariant=True))
+    other = _run(loaded_tiny, codec, SleepTools(lambda tag, index: 0.0), 6, forced_turns=2, max_turns=3, seed=4,
+                 batch_invariant=True)
+    a = runs[0]
     assert all(len(t.turns) >= 3 for t in a)  # two forced calls, then a sampled turn
-    assert [t.token_ids for t in a] == [t.token_ids for t in b]
-    # Logprobs agree to float rounding: which episodes share a decode step changes the attention matmul's
-    # batch shape, and CPU kernels may then round the last bit differently (the sampled ids do not move).
-    for ta, tb in zip(a, b):
-        assert max(abs(x - y) for x, y in zip(ta.logprobs, tb.logprobs)) < 1e-5
+    for b in runs[1:]:
+        assert [t.token_ids for t in a] == [t.token_ids for t in b]
+        assert [t.logprobs for t in a] == [t.logprobs for t in b]
     assert [t.token_ids for t in a] != [t.token_ids for t in other]  # the free third turn is really sampled
 
 

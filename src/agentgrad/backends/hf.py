@@ -33,8 +33,9 @@ class HFPolicy:
     """
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                 tool_head: torch.nn.Module | None = None) -> None:
+                 tool_head: torch.nn.Module | None = None, batch_invariant: bool = False) -> None:
         self.model = model
+        self.batch_invariant = batch_invariant  # rollout.batch_invariant: see HFSession._hidden
         self.tool_head = tool_head  # a factored action head the agent loop asks (rollout.action_head=factored)
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
@@ -48,7 +49,7 @@ class HFPolicy:
         try:
             yield HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                             cache_kw=self._cache_kw, max_sequences=max_sequences, max_tokens=max_tokens,
-                            logits_processor=logits_processor, pause=pause)
+                            logits_processor=logits_processor, pause=pause, batch_invariant=self.batch_invariant)
         finally:
             if was_training:
                 self.model.train()

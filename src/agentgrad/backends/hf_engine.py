@@ -201,9 +201,10 @@ class HFSession:
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, eos_token_ids: Sequence[int],
                  pad_token_id: int, cache_kw: str, max_sequences: int, max_tokens: int,
-                 logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None) -> None:
+                 logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None,
+                 batch_invariant: bool = False) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
-        self.pause = pause
+        self.pause, self.batch_invariant = pause, batch_invariant
         self.body, self.head = _model_parts(model)
         self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
         self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
@@ -274,9 +275,12 @@ class HFSession:
     def _hidden(self, input_ids: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """Run the decoder over new ids (B, q) written at `write_pos` (B, q) of slots `rows`; (B, q, H) out."""
         cache = self.cache
-        cache.grow(int(write_pos.max()) + 1, self.max_tokens + 1)
+        # The attention reductions run over kv_len keys, and kernels round differently for other lengths; the
+        # longest row sharing this step sets it, so a row's floats depend on its neighbours unless it is fixed.
+        kv_len = self.max_tokens + 1 if self.batch_invariant else int(write_pos.max()) + 1
+        cache.grow(kv_len, self.max_tokens + 1)
         cache.rows, cache.write_pos = rows, write_pos
-        cache.kv_len = int(write_pos.max()) + 1
+        cache.kv_len = kv_len
         if self.lean is not None:
             return self.lean(input_ids, write_pos, cache, rows)
         keys = torch.arange(cache.kv_len, device=self.device)  # (L,)

@@ -130,9 +130,10 @@ def quiet_hf() -> None:
     hf_logging.set_verbosity_error()
 
 
-def inference(loaded: LoadedModel) -> tuple[HFPolicy, ChatCodec]:
+def inference(loaded: LoadedModel, *, batch_invariant: bool = False) -> tuple[HFPolicy, ChatCodec]:
     """The sampling side of a loaded model: what training rollouts and `agentgrad eval` both use."""
-    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id,
+                      batch_invariant=batch_invariant)
     return policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
 
 
@@ -144,7 +145,7 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     suite = make_suite(config)
     path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
     loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
-    policy, codec = inference(loaded)
+    policy, codec = inference(loaded, batch_invariant=config.rollout.batch_invariant)
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
