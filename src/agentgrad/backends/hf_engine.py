@@ -19,6 +19,7 @@ import torch
 
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.sampling import counter_uniform, next_token_logprobs, sample_rows
+from agentgrad.models.hf import model_parts
 
 
 class SlotCache:
@@ -180,15 +181,6 @@ class LeanDecoder:
         return F.rms_norm(x, (H,), self.body.norm.weight, self.eps)
 
 
-def _model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(decoder stack returning hidden states, lm head) of an HF causal LM."""
-    body = getattr(model, model.base_model_prefix, None)
-    head = model.get_output_embeddings()
-    if body is None or head is None:
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder and lm head for incremental decoding")
-    return body, head
-
-
 class HFSession:
     """Continuous-batching generation over keyed sequences that live across turns.
 
@@ -204,7 +196,7 @@ class HFSession:
                  logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
         self.pause = pause
-        self.body, self.head = _model_parts(model)
+        self.body, self.head = model_parts(model)
         self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
         self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
         device = next(model.parameters()).device

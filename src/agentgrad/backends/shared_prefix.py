@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from agentgrad.backends.hf_engine import LeanDecoder
+from agentgrad.backends.scoring import tempered
 from agentgrad.batch import TokenBatch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (N, kv_heads, L, head_dim), after RoPE
@@ -141,9 +142,7 @@ def shared_prefix_logprobs(forward: LeanForward, batch: TokenBatch, plan: Prefix
     each distinct logit row (a group's prompt positions are shared by its rows) is normalised once, and only
     the target token's logit is gathered per position. Same arithmetic per element: (B, T), position 0 gets 0."""
     table, where = shared_prefix_table(forward, batch, plan, buckets)  # (N, V), (B, T)
-    table = table.float()
-    if temperature > 0 and temperature != 1.0:
-        table = table / temperature
+    table = tempered(table, temperature)  # (N, V)
     lse = torch.logsumexp(table, dim=-1)  # (N,)
     rows, targets = where[:, :-1], batch.input_ids[:, 1:]  # (B, T-1): position t predicts token t + 1
     return F.pad(table[rows, targets] - lse[rows], (1, 0))  # (B, T)
