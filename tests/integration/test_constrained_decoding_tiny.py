@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import random
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from agentgrad.backends.base import SamplingParams
-from agentgrad.backends.hf import HFPolicy, TorchLearner, token_logprobs
+from agentgrad.backends.hf import HFPolicy, TorchLearner
+from agentgrad.backends.scoring import token_logprobs
 from agentgrad.batch import collate
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
 from agentgrad.rollout.loop import RolloutLimits, run_episodes
@@ -66,21 +69,26 @@ def _force_first(open_id):
     return force
 
 
-@pytest.mark.parametrize("engine", ["rounds", "session"])
-def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softmax(loaded_tiny, codec, engine):
-    """Acceptance: api-catalog before login, the real tiny model, the real loop. Every sampled name is a legal
-    (public) API; every constrained token's logprob is the log-softmax over the legal set (found here by brute
-    force over the vocabulary); the learner, given the recorded masks, reproduces every sampled logprob."""
+def _masked_rollout(loaded_tiny, codec, engine: str = "session", n: int = 8):
+    """Single-call episodes of api-catalog before login: the tool-name mask hides the tools that need auth."""
     suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
-    tasks = suite.sample_tasks(8, split="train", seed=0)
+    tasks = suite.sample_tasks(n, split="train", seed=0)
     policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
     open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
     # "rounds": a plain Policy stepped turn by turn through `generate`; "session": HFPolicy's continuous-batching
     # engine, where the loop's own processor is chained after a caller's (here the one forcing <tool_call>).
     sampler, caller = (ForceCall(policy, open_id), None) if engine == "rounds" else (policy, _force_first(open_id))
-    trajs = run_episodes(sampler, codec, [suite.make_env() for _ in tasks], tasks,
-                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=caller,
-                         limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
+    return run_episodes(sampler, codec, [suite.make_env() for _ in tasks], tasks,
+                        sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=caller,
+                        limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
+
+
+@pytest.mark.parametrize("engine", ["rounds", "session"])
+def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softmax(loaded_tiny, codec, engine):
+    """Acceptance: api-catalog before login, the real tiny model, the real loop. Every sampled name is a legal
+    (public) API; every constrained token's logprob is the log-softmax over the legal set (found here by brute
+    force over the vocabulary); the learner, given the recorded masks, reproduces every sampled logprob."""
+    trajs = _masked_rollout(loaded_tiny, codec, engine)
     names = [re.match(re.escape(OPEN + HEADER) + r'([^"]*)"', t.turns[0].text) for t in trajs]
     assert all(names), [t.turns[0].text for t in trajs]
     assert {n.group(1) for n in names} <= PUBLIC
@@ -105,3 +113,30 @@ def test_under_a_mask_sampled_names_are_legal_and_logprobs_are_the_masked_softma
     assert diff < 1e-4
     plain = token_logprobs(loaded_tiny.model, batch.input_ids, batch.attention_mask, 1.0)
     assert ((plain - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs().max().item() > 0.1  # masks matter
+
+
+def test_dpo_scores_policy_and_reference_on_the_same_masked_distribution(loaded_tiny, codec):
+    """At the start of a DPO stage the reference is a copy of the policy, so every pair's implicit reward
+    margin beta * ((pi_w - ref_w) - (pi_l - ref_l)) is 0 and the loss is -log sigmoid(0) = log 2 = 0.6931, with
+    constrained decoding or without. Scoring the reference without the logit masks and the policy with them
+    gives a margin of beta times the difference of the pairs' masked-vs-full log-normaliser sums instead."""
+    import copy
+
+    from agentgrad.algos.losses import sequence_logprobs
+    from agentgrad.pipelines.dpo import dpo_update, frozen_sequence_logprobs
+
+    trajs = _masked_rollout(loaded_tiny, codec)
+    chosen = collate(trajs[0::2], pad_token_id=loaded_tiny.pad_token_id)  # (4, T) rows 0, 2, 4, 6
+    rejected = collate(trajs[1::2], pad_token_id=loaded_tiny.pad_token_id)
+    assert chosen.logit_masks is not None and rejected.logit_masks is not None
+    reference = copy.deepcopy(loaded_tiny.model).eval().requires_grad_(False)
+    ref_chosen, ref_rejected = frozen_sequence_logprobs(reference, chosen), frozen_sequence_logprobs(reference, rejected)
+    full = sequence_logprobs(token_logprobs(reference, chosen.input_ids, chosen.attention_mask), chosen.loss_mask)
+    assert (ref_chosen - full).abs().min().item() > 0.1  # the masks matter: a legal set holds less than all mass
+
+    config = SimpleNamespace(dpo=SimpleNamespace(epochs=1, batch_size_pairs=4, beta=0.1, label_smoothing=0.0,
+                                                 nll_coef=1.0))
+    c = SimpleNamespace(config=config, learner=TorchLearner(loaded_tiny.model, lr=0.0))  # lr 0: one update, no move
+    metrics = dpo_update(c, chosen, rejected, ref_chosen, ref_rejected, random.Random(0))
+    assert metrics["dpo/reward_margin"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["loss/dpo"] == pytest.approx(math.log(2), abs=1e-6)

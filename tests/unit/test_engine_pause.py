@@ -5,7 +5,8 @@ import torch
 
 from agentgrad.backends import hf_engine
 from agentgrad.backends.base import SamplingParams
-from agentgrad.backends.hf import HFPolicy, token_logprobs_and_hidden
+from agentgrad.backends.hf import HFPolicy
+from agentgrad.backends.scoring import token_logprobs_and_hidden
 from agentgrad.batch import collate_head
 from agentgrad.data.store import from_json, to_json
 from agentgrad.types import HeadDecision, StopReason, Task, Trajectory

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from agentgrad.backends.base import SamplingParams
-from agentgrad.backends.hf import HFPolicy, token_logprobs
+from agentgrad.backends.hf import HFPolicy
+from agentgrad.backends.scoring import token_logprobs
 from agentgrad.batch import collate
 from agentgrad.types import StopReason, Task, Trajectory
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from agentgrad.backends.hf import token_logprobs
+from agentgrad.backends.scoring import token_logprobs
 from agentgrad.config import build_config
 from agentgrad.data.offline import LogFormatError, encode_episode, parse_line, read_log, to_chat_line
 from agentgrad.data.store import TrajectoryStore

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
+import time
 import warnings
 
 import pytest
 
-from agentgrad.rewards import (CalibrationError, Judge, JudgeNotCalibratedError, JudgeReward, Rubric, VerdictCache,
-                               agreement_report, calibrate, judge_input, judge_reward, load_labels, load_reward,
-                               parse_verdict, read_report, render_transcript, require_calibrated, reward_metrics,
-                               score, write_report)
+from agentgrad.rewards import (CalibrationError, CombinedReward, Judge, JudgeNotCalibratedError, JudgeReward, Rubric,
+                               VerdictCache, agreement_report, calibrate, judge_input, judge_reward,
+                               labelled_trajectory, load_labels, load_reward, parse_verdict, read_report,
+                               render_transcript, require_calibrated, reward_metrics, score, write_report)
 from agentgrad.rewards.testing import answer_turn, make_trajectory, tool_turn
-from agentgrad.types import Task
+from agentgrad.types import Message, Task
 
 
 class ExactSuite:
@@ -151,17 +153,50 @@ def test_pass_threshold_and_partial_scores():
     assert JudgeReward(Judge(backend, "score"), pass_threshold=0.5)(TRAJ).outcome == 1.0
 
 
-def test_warm_judges_a_batch_concurrently_into_the_cache():
-    backend = Scripted()
-    reward = JudgeReward(Judge(backend))
+class Gate(Scripted):
+    """A scripted judge whose calls wait (up to 5 s) until `width` of them are in flight: with a pool of `width`
+    threads the peak in flight is then exactly `width`; asked one after another it would be 1."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.barrier = threading.Barrier(width, timeout=5)
+        self.lock = threading.Lock()
+        self.in_flight = self.peak = 0
+
+    def complete(self, messages):
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+        time.sleep(0.01)  # the others of this wave are still in flight when one returns
+        with self.lock:
+            self.in_flight -= 1
+            return super().complete(messages)
+
+
+def test_scoring_judges_a_batch_concurrently_and_bounded():
+    # 6 trajectories, at most 3 requests in flight: two waves of 3 through the gate; only "42" passes.
+    gate = Gate(3)
+    reward = JudgeReward(Judge(gate), max_workers=3)
     trajs = [make_trajectory([answer_turn(str(40 + i))], task=TASK) for i in range(6)]
-    verdicts = reward.warm(trajs, max_workers=3)
-    assert [v.score for v in verdicts] == [0, 0, 1, 0, 0, 0]
     assert [s.reward.outcome for s in score(trajs, reward, ExactSuite())] == [0, 0, 1, 0, 0, 0]
-    assert len(backend.calls) == 6
+    assert gate.peak == 3 and len(gate.calls) == 6
+    assert [s.reward.outcome for s in score(trajs, reward, ExactSuite())] == [0, 0, 1, 0, 0, 0]
+    assert len(gate.calls) == 6  # the second pass is served from the cache
 
 
-def test_judge_input_from_records():
+def test_a_combined_reward_batches_its_judge():
+    gate = Gate(2)
+    combined = CombinedReward([(JudgeReward(Judge(gate), max_workers=2), 0.5), (lambda t: 1.0, 1.0)])
+    trajs = [make_trajectory([answer_turn(a)], task=TASK) for a in ("42", "41")]
+    assert [s.reward.outcome for s in score(trajs, combined, ExactSuite())] == [1.5, 1.0]  # 0.5 * 1 + 1, 0.5 * 0 + 1
+    assert gate.peak == 2
+
+
+def test_labelled_records_become_trajectories_the_judge_reads():
     store_record = {"step": 3, "stage": "rl", "trajectory": {
         "task": {"prompt": "Capital of France?", "answer": "Paris"},
         "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Capital of France?"},
@@ -171,16 +206,24 @@ def test_judge_input_from_records():
                      {"role": "assistant", "content": "Paris"}],
         "turns": [{"action": {"name": "search", "arguments": {}, "__type__": "ToolCall"}},
                   {"action": {"text": "Paris", "__type__": "FinalAnswer"}}]}}
-    inp = judge_input({"trajectory": store_record})
+    inp = judge_input(labelled_trajectory({"trajectory": store_record}))
     assert (inp.prompt, inp.response, inp.reference) == ("Capital of France?", "Paris", "Paris")
     assert inp.transcript.splitlines() == ["user: Capital of France?", 'assistant: [call search {"query": "france"}]',
                                            "tool: Paris is the capital.", "assistant: Paris"]
-    inp2 = judge_input({"prompt": "p", "response": "r"})
+    openai_call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "search", "arguments": '{"query": "france"}'}}]}
+    assert judge_input(labelled_trajectory({"trajectory": {"messages": [openai_call]}, "response": "Paris"})
+                       ).transcript == 'assistant: [call search {"query": "france"}]'
+    inp2 = judge_input(labelled_trajectory({"prompt": "p", "response": "r"}))
     assert (inp2.prompt, inp2.response, inp2.reference, inp2.transcript) == ("p", "r", None, None)
-    assert judge_input({"trajectory": "user: hi\nassistant: yo", "prompt": "hi", "response": "yo"}).transcript
+    transcript = "user: hi\nthere\nassistant: yo"  # a line without a role continues the message before it
+    inp3 = judge_input(labelled_trajectory({"trajectory": transcript, "prompt": "hi", "response": "yo"}))
+    assert inp3.transcript == transcript and (inp3.prompt, inp3.response) == ("hi", "yo")
     with pytest.raises(ValueError):
-        judge_input({"prompt": "p"})
-    long = render_transcript([{"role": "user", "content": "x" * 100}], max_chars=20)
+        labelled_trajectory({"prompt": "p"})
+    with pytest.raises(TypeError):
+        labelled_trajectory({"trajectory": 3})
+    long = render_transcript([Message("user", "x" * 100)], max_chars=20)
     assert long.startswith("[...]") and len(long) == 26
 
 
@@ -286,7 +329,7 @@ def test_local_hf_judge_decodes_greedily_through_the_models_chat_template(tiny_m
     our own greedy sampler's continuation of the same rendered prompt."""
     from agentgrad.backends.base import SamplingParams
     from agentgrad.pipelines.components import inference
-    from agentgrad.rewards.judge import HFChatBackend, JudgeReward
+    from agentgrad.rewards.judge_backends import HFChatBackend
 
     messages = Judge(Scripted()).messages(judge_input(TRAJ))
     backend = HFChatBackend(str(tiny_model_dir), max_new_tokens=12)

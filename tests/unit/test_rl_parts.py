@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from agentgrad.algos.kl import AdaptiveKLController
+from agentgrad.backends.scoring import Scoring
 from agentgrad.batch import TokenBatch
 from agentgrad.config import build_config
 from agentgrad.pipelines import rl
@@ -34,7 +35,7 @@ def test_kl_reward_penalty_uses_the_controller_coefficient():
 def test_adapt_kl_coef_updates_the_adaptive_controller():
     # measured KL -0.5 per episode vs target 1: error clip(-0.5 / 1 - 1, -0.2, 0.2) = -0.2;
     # coef 0.1 * (1 - 0.2 * 1 episode / 10) = 0.1 * 0.98 = 0.098.
-    state = rl.RLState(rl.ONLINE_ALGORITHMS.get("ppo"), reference=None,
+    state = rl.RLState(rl.ONLINE_ALGORITHMS.get("ppo"), Scoring(), reference=None,
                        kl_controller=AdaptiveKLController(0.1, 1.0, 10), critic=None)
     assert rl.adapt_kl_coef(state, _batch()) == {"rollout/kl_ref": pytest.approx(-0.5)}
     assert state.kl_controller.value == pytest.approx(0.098)
@@ -44,7 +45,7 @@ def test_adapt_kl_coef_updates_the_adaptive_controller():
 def test_adapt_kl_coef_in_verls_unit_feeds_the_per_token_mean():
     # algo.kl_target_unit=token-mean: the episode's k1 sum -0.5 over its 2 policy tokens -> -0.25 per token
     # (verl's current_kl); error clip(-0.25 / 1 - 1, -0.2, 0.2) = -0.2 -> coef 0.1 * 0.98 = 0.098.
-    state = rl.RLState(rl.ONLINE_ALGORITHMS.get("ppo"), reference=None,
+    state = rl.RLState(rl.ONLINE_ALGORITHMS.get("ppo"), Scoring(), reference=None,
                        kl_controller=AdaptiveKLController(0.1, 1.0, 10), critic=None)
     assert rl.adapt_kl_coef(state, _batch(), "token-mean") == {"rollout/kl_ref": pytest.approx(-0.25)}
     assert state.kl_controller.value == pytest.approx(0.098)
@@ -99,7 +100,7 @@ def test_target_kl_stops_the_remaining_updates_of_a_step(target_kl, expected_upd
     if target_kl is not None:
         overrides.append(f"algo.target_kl={target_kl}")
     c = SimpleNamespace(config=build_config(overrides=overrides), learner=_DriftingLearner())
-    state = rl.RLState(algorithm=rl.ONLINE_ALGORITHMS.get("grpo"), reference=None,
+    state = rl.RLState(algorithm=rl.ONLINE_ALGORITHMS.get("grpo"), scoring=Scoring(), reference=None,
                        kl_controller=AdaptiveKLController(0.0, target=1.0, horizon=1.0), critic=None)
     batch = _batch(ref_logprobs=None, advantages=torch.tensor([[0.0, 1.0, -1.0, 0.0]]))
     metrics = rl.policy_update(c, batch, state)

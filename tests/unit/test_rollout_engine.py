@@ -7,7 +7,8 @@ import torch
 from agentgrad.algos.sampling import counter_uniform, next_token_logprobs, sample_rows
 from agentgrad.backends import hf_engine
 from agentgrad.backends.base import SamplingParams, SessionPolicy
-from agentgrad.backends.hf import HFPolicy, token_logprobs
+from agentgrad.backends.hf import HFPolicy
+from agentgrad.backends.scoring import token_logprobs
 
 
 @pytest.fixture(params=["lean", "transformers"])

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from agentgrad.backends.hf import TorchLearner, length_buckets, token_logprobs
+from agentgrad.backends.hf import TorchLearner, length_buckets
+from agentgrad.backends.scoring import token_logprobs
 from agentgrad.backends.shared_prefix import plan_shared_prefixes
 from agentgrad.batch import collate
 from agentgrad.types import StopReason, Task, TokenMask, Trajectory

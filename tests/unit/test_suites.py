@@ -16,7 +16,8 @@ import agentgrad.envs.tasks.multi_tool  # noqa: F401
 import agentgrad.envs.tasks.search_qa  # noqa: F401
 import agentgrad.envs.tasks.sql_qa  # noqa: F401
 from agentgrad.envs import SUITES, TaskSuite, check_env
-from agentgrad.envs.tasks import extract_number, normalized_match, numeric_match, split_of
+from agentgrad.answers import normalized_match, numeric_match, parse_number
+from agentgrad.envs.tasks import split_of
 from agentgrad.envs.tasks.jsonl import load_jsonl_tasks
 from agentgrad.types import FinalAnswer, InvalidAction, Task, ToolCall
 
@@ -67,7 +68,7 @@ def suites(jsonl_path, cache_dir):
 def _supported(answer: str, verifier: str, observations: list[str]) -> bool:
     """The gold answer is visible in what the tools returned (so the expert's calls really find it)."""
     if verifier == "numeric":
-        want = extract_number(answer)
+        want = parse_number(answer)
         return any(want is not None and abs(float(n) - want) < 1e-6
                    for obs in observations for n in re.findall(r"-?\d+(?:\.\d+)?", obs))
     return any(re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", obs) for obs in observations)

@@ -10,12 +10,12 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from agentgrad.algos.constrained import masked_token_logprobs
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
-from agentgrad.backends.hf_engine import HFSession, _model_parts
+from agentgrad.backends.hf_engine import HFSession
+from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden
 from agentgrad.backends.shared_prefix import (LeanForward, plan_shared_prefixes, shared_prefix_logits,
                                               shared_prefix_logprobs)
-from agentgrad.batch import LogitMasks, TokenBatch
+from agentgrad.batch import TokenBatch
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -77,37 +77,6 @@ class HFPolicy:
         if all(own[k].data_ptr() == v.data_ptr() for k, v in state.items() if k in own):
             return  # colocated with the learner: already the same tensors
         self.model.load_state_dict(state)
-
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, logit_masks: LogitMasks | None = None) -> torch.Tensor:
-    """log p(token t | tokens < t) for every position; position 0 gets 0. Right-padded input. Tokens sampled
-    under constrained decoding (`logit_masks`) are scored over their legal set, as they were sampled."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    return score_logits(logits, input_ids, temperature, logit_masks)
-
-
-def score_logits(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
-                 logit_masks: LogitMasks | None = None) -> torch.Tensor:
-    """`token_logprobs` from the logits (B, T, V) of every position: (B, T), position 0 gets 0."""
-    logits = logits[:, :-1, :].float()  # (B, T-1, V) predicts tokens 1..T-1
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[:, 1:]  # (B, T-1)
-    if logit_masks is not None:  # align with the shifted targets: position t of `lp` is token t + 1
-        logit_masks = LogitMasks(logit_masks.index[:, 1:], logit_masks.token_ids, logit_masks.allow)
-    lp = masked_token_logprobs(logits, targets, logit_masks)  # (B, T-1)
-    return F.pad(lp, (1, 0))  # (B, T)
-
-
-def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                              temperature: float = 1.0, logit_masks: LogitMasks | None = None
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs` (B, T) and the final-norm hidden states (B, T, H) from one forward: the states an
-    action head reads (the same ones the sampling engine hands it)."""
-    body, head = _model_parts(model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
-    return score_logits(head(hidden), input_ids, temperature, logit_masks), hidden
-
 
 def length_buckets(lengths: torch.Tensor, max_buckets: int) -> list[torch.Tensor]:
     """Split rows into at most `max_buckets` groups of similar length (sorted, equal counts), keeping a group

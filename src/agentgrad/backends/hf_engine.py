@@ -19,6 +19,9 @@ import torch
 
 from agentgrad.algos.sampling import counter_uniform, next_token_logprobs, sample_rows
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
+from agentgrad.backends.lean import LeanStack, grouped_attention, layer_weights, linear_rows
+from agentgrad.backends.lean import supports as lean_supports
+from agentgrad.models.hf import model_parts
 
 
 class SlotCache:
@@ -71,122 +74,59 @@ class SlotCache:
         return self.kv_len
 
 
-# Architectures whose decoder layers are (RMSNorm, q/k/v/o attention with RoPE, RMSNorm, SwiGLU MLP) and whose
-# attention is global: `LeanDecoder` runs them without transformers' per-module wrappers.
-LEAN_MODEL_TYPES = frozenset({"qwen2", "llama"})
+class CachedAttention:
+    """`LeanStack` attention for decoding: this step's keys/values are written into the slot cache at
+    `write_pos` (B, q) of slots `rows` (None: slots 0..B-1), and the queries attend to positions 0..kv_len-1
+    of those slots under `bias` (B, 1, 1, q, L)."""
 
+    linear = staticmethod(linear_rows)
 
-# CPU GEMM kernels give a row the same bits whatever the other rows are only from ~7 rows up (measured with
-# MKL/oneDNN, torch 2.13: M=1..6 take gemv/small-M paths that round differently). Padding every matmul to at least
-# this many rows makes a sequence's logits independent of which sequences share its step, so a fixed seed
-# reproduces rollouts bit for bit whatever the tool timing. (Attention is per row and was measured invariant.)
-MIN_GEMM_ROWS = 8
+    def __init__(self, cache: SlotCache, write_pos: torch.Tensor, rows: torch.Tensor | None,
+                 bias: torch.Tensor) -> None:
+        self.cache, self.write_pos, self.rows, self.bias = cache, write_pos, rows, bias
+        B = write_pos.shape[0]
+        self.slot_rows = (rows if rows is not None else torch.arange(B, device=write_pos.device))[:, None]  # (B, 1)
 
-
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear over the last dim, padded to MIN_GEMM_ROWS rows so each row's result is batch-invariant."""
-    flat = x.reshape(-1, x.shape[-1])
-    m = flat.shape[0]
-    if m < MIN_GEMM_ROWS:
-        flat = torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - m, flat.shape[1])])
-    return torch.nn.functional.linear(flat, weight, bias)[:m].view(*x.shape[:-1], weight.shape[0])
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kc, vc, L = self.cache.k[layer], self.cache.v[layer], self.cache.kv_len
+        kc[self.slot_rows, :, self.write_pos] = k
+        vc[self.slot_rows, :, self.write_pos] = v
+        if self.rows is None:
+            K, V = kc[: q.shape[0], :, :L], vc[: q.shape[0], :, :L]  # (B, kvh, L, d) views
+        else:
+            K, V = kc[self.rows, :, :L], vc[self.rows, :, :L]
+        return grouped_attention(q, K, V, self.bias, None)
 
 
 class LeanDecoder:
-    """The decoder stack of a Llama-family model as ~20 tensor ops per layer, reading the model's own weights.
+    """`LeanStack` over a session's slot cache (`CachedAttention`). The weights are fused once per session, with
+    the attention scale folded into the query rows, so a session must not outlive a weight update; RoPE rows
+    are looked up in a table. Tests check logprobs against a full HF forward."""
 
-    Why: the tiny default model is overhead-bound; transformers' module wrappers, mask builders and per-call
-    checks cost several times the arithmetic of a decode step (measured: ~11 ms of a step vs ~3 ms here). q/k/v
-    and gate/up are fused into single matmuls; the weights are concatenated once per session, so a session
-    must not outlive a weight update. Numerics follow the HF modules (fp32 RMSNorm, rotate-half RoPE, softmax
-    attention with grouped kv heads); tests check logprobs against a full HF forward.
-    """
-
-    @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        cfg = model.config
-        body = getattr(model, model.base_model_prefix, None)
-        return (getattr(cfg, "model_type", None) in LEAN_MODEL_TYPES and getattr(cfg, "hidden_act", "") == "silu"
-                and not getattr(cfg, "use_sliding_window", False) and body is not None
-                and all(layer.mlp.gate_proj.bias is None and layer.mlp.up_proj.bias is None for layer in body.layers))
+    supports = staticmethod(lean_supports)
 
     def __init__(self, body: torch.nn.Module, max_positions: int) -> None:
-        cfg = body.config
-        self.body = body
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.eps = float(getattr(body.norm, "variance_epsilon", None) or getattr(body.norm, "eps", 1e-6))
-        scale = self.head_dim ** -0.5
-        self.layers = []
+        self.stack = LeanStack(body)
         with torch.no_grad():
-            for layer in body.layers:
-                a, m = layer.self_attn, layer.mlp
-                # The attention scale is folded into the query rows (RoPE is linear, so it commutes).
-                qkv_w = torch.cat([a.q_proj.weight * scale, a.k_proj.weight, a.v_proj.weight])
-                qkv_b = (torch.cat([a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias])
-                         if a.q_proj.bias is not None else None)
-                gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
-                self.layers.append((layer.input_layernorm.weight, qkv_w, qkv_b, a.o_proj.weight, a.o_proj.bias,
-                                    layer.post_attention_layernorm.weight, gate_up, m.down_proj.weight,
-                                    m.down_proj.bias))
-            positions = torch.arange(max_positions, device=qkv_w.device)[None]
-            cos, sin = body.rotary_emb(body.embed_tokens.weight[:1, None], positions)  # (1, P, d)
-        self.cos, self.sin = cos[0], sin[0]  # (P, d) looked up by position: no RoPE work per step
+            self.layers = layer_weights(body, query_scale=self.stack.head_dim ** -0.5)
+        self.cos, self.sin = self.stack.rope_table(max_positions)  # (P, d)
 
     def positions(self, needed: int) -> None:
         if needed > self.cos.shape[0]:
-            with torch.no_grad():
-                pos = torch.arange(2 * needed, device=self.cos.device)[None]
-                cos, sin = self.body.rotary_emb(self.body.embed_tokens.weight[:1, None], pos)
-            self.cos, self.sin = cos[0], sin[0]
+            self.cos, self.sin = self.stack.rope_table(2 * needed)
 
     def __call__(self, input_ids: torch.Tensor, write_pos: torch.Tensor, cache: SlotCache,
                  rows: torch.Tensor | None) -> torch.Tensor:
         """Hidden states (B, q, H) after the final norm, writing new keys/values into `cache`."""
-        F = torch.nn.functional
         B, q = input_ids.shape
-        nh, kvh, d = self.heads, self.kv_heads, self.head_dim
-        g, L, H = nh // kvh, cache.kv_len, self.body.config.hidden_size
+        L = cache.kv_len
         self.positions(L)
-        x = F.embedding(input_ids, self.body.embed_tokens.weight)  # (B, q, H)
-        cos, sin = self.cos[write_pos][:, :, None], self.sin[write_pos][:, :, None]  # (B, q, 1, d)
-        keys = torch.arange(L, device=x.device)
-        bias = torch.zeros((B, 1, 1, q, L), dtype=x.dtype, device=x.device)  # broadcast over (kv head, group)
+        keys = torch.arange(L, device=input_ids.device)
+        dtype = self.stack.body.embed_tokens.weight.dtype
+        bias = torch.zeros((B, 1, 1, q, L), dtype=dtype, device=input_ids.device)  # broadcast over (kv head, group)
         bias.masked_fill_(keys > write_pos[:, None, None, :, None], float("-inf"))  # causal within each row
-        slot_rows = (rows if rows is not None else torch.arange(B, device=x.device))[:, None]  # (B, 1)
-        half = d // 2
-        for li, (n1, qkv_w, qkv_b, o_w, o_b, n2, gate_up, down_w, down_b) in enumerate(self.layers):
-            h = F.rms_norm(x, (H,), n1, self.eps)
-            qkv = linear_rows(h, qkv_w, qkv_b).view(B, q, nh + 2 * kvh, d)  # (B, q, heads, d)
-            qk = qkv[:, :, : nh + kvh]
-            x1, x2 = qk[..., :half], qk[..., half:]
-            qk = qk * cos + torch.cat((-x2, x1), dim=-1) * sin  # RoPE on queries and keys at once
-            kc, vc = cache.k[li], cache.v[li]
-            kc[slot_rows, :, write_pos] = qk[:, :, nh:]
-            vc[slot_rows, :, write_pos] = qkv[:, :, nh + kvh:]
-            if rows is None:
-                K, V = kc[:B, :, :L], vc[:B, :, :L]  # (B, kvh, L, d) views
-            else:
-                K, V = kc[rows, :, :L], vc[rows, :, :L]
-            qg = qk[:, :, :nh].permute(0, 2, 1, 3).reshape(B, kvh, g * q, d)  # a kv group's heads side by side
-            scores = (qg @ K.transpose(-1, -2)).view(B, kvh, g, q, L) + bias
-            attn = scores.softmax(-1).view(B, kvh, g * q, L) @ V  # (B, kvh, g*q, d)
-            attn = attn.view(B, nh, q, d).transpose(1, 2).reshape(B, q, nh * d)
-            x = x + linear_rows(attn, o_w, o_b)
-            h = F.rms_norm(x, (H,), n2, self.eps)
-            gate, up = linear_rows(h, gate_up).chunk(2, dim=-1)
-            x = x + linear_rows(F.silu(gate) * up, down_w, down_b)
-        return F.rms_norm(x, (H,), self.body.norm.weight, self.eps)
-
-
-def _model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(decoder stack returning hidden states, lm head) of an HF causal LM."""
-    body = getattr(model, model.base_model_prefix, None)
-    head = model.get_output_embeddings()
-    if body is None or head is None:
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder and lm head for incremental decoding")
-    return body, head
+        return self.stack.hidden(input_ids, self.cos[write_pos], self.sin[write_pos], self.layers,
+                                 CachedAttention(cache, write_pos, rows, bias))
 
 
 class HFSession:
@@ -205,7 +145,7 @@ class HFSession:
                  batch_invariant: bool = False) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
         self.pause, self.batch_invariant = pause, batch_invariant
-        self.body, self.head = _model_parts(model)
+        self.body, self.head = model_parts(model)
         self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
         self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
         device = next(model.parameters()).device

@@ -6,9 +6,10 @@ group have in common runs once per group; each row then runs only its continuati
 keys and values (indexed per row, so gradients flow back into the one prefix computation), and every token is
 scored from the same logits as in a plain forward. Exact: only truly identical prefixes are shared.
 
-The forward is `LeanForward`, the training counterpart of the rollout engine's `LeanDecoder` (Llama-family models,
-autograd through the model's own parameters): transformers' modules take no keys/values of another row, and at
-this model width their wrappers cost more than the arithmetic. Other architectures use the plain path.
+The forward is `LeanForward`: the one hand-written stack (`backends.lean`, also the rollout engine's) with a
+prefix-aware attention and autograd through the model's own parameters: transformers' modules take no keys/values
+of another row, and at this model width their wrappers cost more than the arithmetic. Other architectures use
+the plain path.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from agentgrad.backends.hf_engine import LeanDecoder
+from agentgrad.backends.lean import LeanStack, grouped_attention, layer_weights
+from agentgrad.backends.lean import supports as lean_supports
+from agentgrad.backends.scoring import tempered
 from agentgrad.batch import TokenBatch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (N, kv_heads, L, head_dim), after RoPE
@@ -60,58 +63,46 @@ def plan_shared_prefixes(batch: TokenBatch) -> PrefixPlan | None:
     return PrefixPlan(prefix_ids, prefix_len, source, lengths)
 
 
+class PrefixAttention:
+    """`LeanStack` attention for training: queries attend to `past` keys/values (a shared prefix run's, indexed
+    per row) and then their own, under `bias` (N, 1, 1, q, L_past + q); each layer's own keys/values are kept
+    (`kv`) for the runs that continue from these ids. Scores are scaled as the HF modules scale them."""
+
+    linear = staticmethod(F.linear)
+
+    def __init__(self, bias: torch.Tensor, past: KV | None, scale: float) -> None:
+        self.bias, self.past, self.scale = bias, past, scale
+        self.kv: KV = []
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (N, kvh, q, d)
+        self.kv.append((k, v))
+        if self.past is not None:
+            k, v = torch.cat([self.past[layer][0], k], dim=2), torch.cat([self.past[layer][1], v], dim=2)
+        return grouped_attention(q, k, v, self.bias, self.scale)
+
+
 class LeanForward:
-    """A Llama-family decoder stack as plain tensor ops with autograd: RMSNorm, q/k/v with RoPE, grouped-query
-    softmax attention under an explicit mask, SwiGLU MLP (the numerics of the HF modules; tests compare)."""
+    """`LeanStack` with autograd through the model's own parameters (the weights are fused on every call) and
+    `PrefixAttention`: what the learner's shared-prefix runs use."""
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        return LeanDecoder.supports(model) and not getattr(model.config, "attention_dropout", 0.0)
+        return lean_supports(model) and not getattr(model.config, "attention_dropout", 0.0)
 
     def __init__(self, model: torch.nn.Module) -> None:
-        cfg = model.config
-        self.body = getattr(model, model.base_model_prefix)
+        self.stack = LeanStack(getattr(model, model.base_model_prefix))
         self.head = model.get_output_embeddings()
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.eps = float(getattr(self.body.norm, "variance_epsilon", None) or getattr(self.body.norm, "eps", 1e-6))
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
                  past: KV | None = None) -> tuple[torch.Tensor, KV]:
         """Logits (N, q, V) of ids (N, q) at `positions` (N, q), attending to `past` keys then its own under
         `bias` (N, 1, 1, q, L_past + q) (0 or -inf); also returns each layer's keys/values of these ids."""
-        N, q = ids.shape
-        nh, kvh, d = self.heads, self.kv_heads, self.head_dim
-        g, H = nh // kvh, self.body.config.hidden_size
-        x = F.embedding(ids, self.body.embed_tokens.weight)  # (N, q, H)
-        cos, sin = self.body.rotary_emb(x, positions)  # (N, q, d)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # (N, q, 1, d)
-        half = d // 2
-        kv: KV = []
-        for li, layer in enumerate(self.body.layers):
-            a, m = layer.self_attn, layer.mlp
-            h = F.rms_norm(x, (H,), layer.input_layernorm.weight, self.eps)
-            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            qkv_b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None
-            qkv = F.linear(h, qkv_w, qkv_b).view(N, q, nh + 2 * kvh, d)  # (N, q, heads, d)
-            qk = qkv[:, :, : nh + kvh]
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # RoPE, queries and keys
-            k = qk[:, :, nh:].transpose(1, 2)  # (N, kvh, q, d)
-            v = qkv[:, :, nh + kvh:].transpose(1, 2)  # (N, kvh, q, d)
-            kv.append((k, v))
-            if past is not None:
-                k, v = torch.cat([past[li][0], k], dim=2), torch.cat([past[li][1], v], dim=2)  # (N, kvh, L, d)
-            L = k.shape[2]
-            qg = qk[:, :, :nh].permute(0, 2, 1, 3).reshape(N, kvh, g * q, d)  # a kv head's query heads together
-            scores = (qg @ k.transpose(-1, -2)).view(N, kvh, g, q, L) * d ** -0.5 + bias
-            attn = scores.softmax(-1).view(N, kvh, g * q, L) @ v  # (N, kvh, g*q, d)
-            attn = attn.view(N, nh, q, d).transpose(1, 2).reshape(N, q, nh * d)
-            x = x + a.o_proj(attn)
-            h = F.rms_norm(x, (H,), layer.post_attention_layernorm.weight, self.eps)
-            gate, up = F.linear(h, torch.cat([m.gate_proj.weight, m.up_proj.weight])).chunk(2, dim=-1)
-            x = x + m.down_proj(F.silu(gate) * up)
-        return self.head(F.rms_norm(x, (H,), self.body.norm.weight, self.eps)).float(), kv
+        body = self.stack.body
+        cos, sin = body.rotary_emb(body.embed_tokens.weight[:1, None], positions)  # (N, q, d)
+        attention = PrefixAttention(bias, past, self.stack.head_dim ** -0.5)
+        hidden = self.stack.hidden(ids, cos, sin, layer_weights(body), attention)  # (N, q, H)
+        return self.head(hidden).float(), attention.kv
 
 
 def _causal_bias(past_len: torch.Tensor, q: int, past_width: int) -> torch.Tensor:
@@ -141,9 +132,7 @@ def shared_prefix_logprobs(forward: LeanForward, batch: TokenBatch, plan: Prefix
     each distinct logit row (a group's prompt positions are shared by its rows) is normalised once, and only
     the target token's logit is gathered per position. Same arithmetic per element: (B, T), position 0 gets 0."""
     table, where = shared_prefix_table(forward, batch, plan, buckets)  # (N, V), (B, T)
-    table = table.float()
-    if temperature > 0 and temperature != 1.0:
-        table = table / temperature
+    table = tempered(table, temperature)  # (N, V)
     lse = torch.logsumexp(table, dim=-1)  # (N,)
     rows, targets = where[:, :-1], batch.input_ids[:, 1:]  # (B, T-1): position t predicts token t + 1
     return F.pad(table[rows, targets] - lse[rows], (1, 0))  # (B, T)

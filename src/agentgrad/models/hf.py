@@ -68,3 +68,18 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu")
         raise ModelLoadError(f"{path}: cannot tell which token ends a turn (no eos token)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=tuple(sorted(eos_ids)), pad_token_id=pad)
+
+
+def model_parts(model: Any) -> tuple[Any, Any]:
+    """(decoder stack returning hidden states, lm head) of an HF causal LM."""
+    body = getattr(model, model.base_model_prefix, None)
+    head = model.get_output_embeddings()
+    if body is None or head is None:
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder and lm head")
+    return body, head
+
+
+def hidden_states(body: Any, input_ids: Any, attention_mask: Any) -> Any:
+    """The final-norm hidden states (B, T, H) of a decoder stack over right-padded input: what the lm head, an
+    action head and a value head all read."""
+    return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from agentgrad.algos.values import values_at_tokens
+from agentgrad.models.hf import hidden_states
 
 
 class ValueModel(nn.Module):
@@ -30,8 +31,7 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor | None = None) -> torch.Tensor:
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.detach_trunk):
-            hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
-                                use_cache=False).last_hidden_state  # (B, T, H)
+            hidden = hidden_states(self.trunk, input_ids, attention_mask)  # (B, T, H)
         head_out = self.head(hidden.float()).squeeze(-1)  # (B, T)
         return values_at_tokens(head_out, loss_mask)  # (B, T)
 

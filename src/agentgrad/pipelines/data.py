@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from agentgrad.backends.hf import token_logprobs
+from agentgrad.backends.scoring import token_logprobs
 from agentgrad.config import Config
 from agentgrad.data.offline import LogFormatError, encode_episode, read_log, to_chat_line
 from agentgrad.data.store import TrajectoryStore

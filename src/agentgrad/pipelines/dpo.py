@@ -5,6 +5,8 @@ Optimization", whose pairs are correct and incorrect solutions as ours are).
 
 Log-probabilities are taken at temperature 1 (the model's own distribution, which DPO's implicit reward is
 defined on), on policy tokens only (`batch.loss_mask`), so observations and prompts never enter the margin.
+Policy and reference are scored by one `Scoring`, so under constrained decoding both are the softmax over each
+token's legal set: scoring only one side masked would put the masks' normalisers into the margin.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Sequence
 import torch
 
 from agentgrad.algos.losses import dpo_loss, sequence_logprobs, sft_loss
-from agentgrad.backends.hf import token_logprobs
+from agentgrad.backends.scoring import Scoring
 from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import preference_pairs
 from agentgrad.data.store import TrajectoryStore
@@ -35,9 +37,11 @@ def pair_batches(c: Components, pairs: Sequence[tuple[ScoredTrajectory, ScoredTr
     return chosen, rejected
 
 
-@torch.no_grad()
+SCORING = Scoring(temperature=1.0)
+
+
 def frozen_sequence_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    return sequence_logprobs(token_logprobs(model, batch.input_ids, batch.attention_mask), batch.loss_mask)  # (N,)
+    return sequence_logprobs(SCORING.frozen(model, batch), batch.loss_mask)  # (N,)
 
 
 def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chosen: torch.Tensor,
@@ -51,9 +55,9 @@ def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chos
         for start in range(0, len(order), cfg.batch_size_pairs):
             rows = torch.tensor(order[start:start + cfg.batch_size_pairs])
             w, l = chosen.select(rows), rejected.select(rows)
-            chosen_logprobs = c.learner.logprobs(w)  # (b, T)
+            chosen_logprobs = SCORING.policy(c.learner, w)  # (b, T)
             out = dpo_loss(sequence_logprobs(chosen_logprobs, w.loss_mask),
-                           sequence_logprobs(c.learner.logprobs(l), l.loss_mask),
+                           sequence_logprobs(SCORING.policy(c.learner, l), l.loss_mask),
                            ref_chosen[rows], ref_rejected[rows], beta=cfg.beta, label_smoothing=cfg.label_smoothing)
             nll = sft_loss(chosen_logprobs, w.loss_mask)
             totals.update(c.learner.step(out.loss + cfg.nll_coef * nll))

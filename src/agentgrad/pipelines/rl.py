@@ -22,7 +22,7 @@ from agentgrad.algos.kl import (KLController, kl_estimate, kl_loss, kl_reward_pe
 from agentgrad.algos.losses import masked_mean, ppo_clip_loss, value_loss
 from agentgrad.algos.values import explained_variance
 from agentgrad.backends.base import SamplingParams
-from agentgrad.backends.hf import token_logprobs
+from agentgrad.backends.scoring import Scoring
 from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import select_signal_groups
 from agentgrad.data.replay import ReplayBuffer
@@ -67,9 +67,11 @@ StepHook = Callable[[int, Mapping[str, float]], bool]
 class RLState:
     """What lives across RL steps besides the policy: the frozen reference, the KL controller, the critic, the
     replay buffer and the measured success that moves its mix, the non-finite-loss count. `state_dict` holds all
-    of it, so a resumed run continues exactly (everything else a step samples depends only on (seed, step))."""
+    of it, so a resumed run continues exactly (everything else a step samples depends only on (seed, step)).
+    `scoring` (from config, not saved) is the distribution every ratio and KL is taken on: the rollout's."""
 
     algorithm: OnlineAlgorithm
+    scoring: Scoring
     reference: torch.nn.Module | None
     kl_controller: KLController
     critic: Critic | None
@@ -104,7 +106,8 @@ def start_rl(c: Components) -> RLState:
     critic = None
     if algorithm.uses_critic:
         critic = build_critic(c.loaded.model, c.config.critic.model, lr=c.config.critic.lr, grad_clip=algo.grad_clip)
-    return RLState(algorithm, reference, kl_controller, critic, replay=build_replay(c.config),
+    return RLState(algorithm, Scoring(c.config.rollout.temperature), reference, kl_controller, critic,
+                   replay=build_replay(c.config),
                    nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite))
 
 
@@ -180,16 +183,11 @@ def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
 # ---- per-step tensors ---------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def reference_logprobs(reference: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    return token_logprobs(reference, batch.input_ids, batch.attention_mask, temperature, batch.logit_masks)  # (B, T)
-
-
 def add_reference(c: Components, state: RLState, batch: TokenBatch) -> TokenBatch:
     """Reference logprobs, and in kl_mode=reward the KL penalty folded into the token rewards."""
     if state.reference is None:
         return batch
-    ref = reference_logprobs(state.reference, batch, c.config.rollout.temperature)  # (B, T)
+    ref = state.scoring.frozen(state.reference, batch)  # (B, T)
     if batch.head is not None:  # no reference head: a decision's KL is taken against its behaviour logprob
         at = (batch.head.row, batch.head.score_position)
         ref = ref.index_put(at, batch.old_logprobs[at])
@@ -214,24 +212,25 @@ def rollout_kl(batch: TokenBatch, unit: str = "episode-sum") -> torch.Tensor:
 
 
 @torch.no_grad()
-def proximal_logprobs(c: Components, batch: TokenBatch) -> torch.Tensor:
+def proximal_logprobs(c: Components, scoring: Scoring, batch: TokenBatch) -> torch.Tensor:
     """The current policy's logprobs of every token before this step's update, minibatch by minibatch: (B, T)."""
     size = c.config.algo.minibatch_size_episodes
     out = torch.zeros_like(batch.old_logprobs)  # (B, T)
     for start in range(0, batch.num_sequences, size):
         rows = torch.arange(start, min(start + size, batch.num_sequences))
-        lp = c.learner.logprobs(batch.select(rows), temperature=c.config.rollout.temperature)  # (b, t)
+        lp = scoring.policy(c.learner, batch.select(rows))  # (b, t)
         out[rows, :lp.shape[1]] = lp
     return out
 
 
-def correct_replayed(c: Components, batch: TokenBatch, num_fresh: int) -> tuple[TokenBatch, dict[str, float]]:
+def correct_replayed(c: Components, state: RLState, batch: TokenBatch, num_fresh: int
+                     ) -> tuple[TokenBatch, dict[str, float]]:
     """Rows from `num_fresh` on were replayed: clip around pi_prox and weight by pi_prox / mu (pipelines.replay).
     A batch of fresh rows only is returned as it is."""
     if num_fresh >= batch.num_sequences:
         return batch, {}
     replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
-    return off_policy_correction(c.config, batch, proximal_logprobs(c, batch), replayed)
+    return off_policy_correction(c.config, batch, proximal_logprobs(c, state.scoring, batch), replayed)
 
 
 def adapt_kl_coef(state: RLState, batch: TokenBatch, unit: str = "episode-sum") -> dict[str, float]:
@@ -288,9 +287,10 @@ def agg_norm(c: Components) -> int:
     return c.config.algo.loss_agg_norm or c.config.rollout.max_total_tokens
 
 
-def policy_loss(c: Components, mb: TokenBatch, kl_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(c: Components, scoring: Scoring, mb: TokenBatch, kl_coef: float
+                ) -> tuple[torch.Tensor, dict[str, float]]:
     algo = c.config.algo
-    logprobs = c.learner.logprobs(mb, temperature=c.config.rollout.temperature)  # (b, T)
+    logprobs = scoring.policy(c.learner, mb)  # (b, T)
     pl = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=algo.clip_low,
                        clip_high=algo.clip_high, dual_clip=algo.dual_clip, agg=algo.loss_agg,
                        agg_norm=agg_norm(c), is_weights=mb.is_weights)
@@ -323,7 +323,7 @@ def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 
     n_updates = 0
     early_stops = 0
     for mb in minibatches(c, batch):
-        loss, metrics = policy_loss(c, mb, state.kl_controller.value)
+        loss, metrics = policy_loss(c, state.scoring, mb, state.kl_controller.value)
         if not state.nonfinite.check(loss):
             n_updates += 1
             c.learner.optimizer.zero_grad(set_to_none=True)  # skipped: the parameters stay as they were
@@ -406,7 +406,7 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
     metrics |= replay_metrics
     if groups:
         batch = make_batch(c, groups)
-        batch, correction = correct_replayed(c, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
+        batch, correction = correct_replayed(c, state, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
         metrics |= correction
         batch = add_reference(c, state, batch)
         batch = add_values(state, batch)

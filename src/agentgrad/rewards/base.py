@@ -27,6 +27,13 @@ class RewardFn(Protocol):
     def __call__(self, trajectory: Trajectory) -> RewardBreakdown: ...
 
 
+class BatchRewardFn(RewardFn, Protocol):
+    """A reward that can also score a whole batch at once (a judge asks its endpoint concurrently); `score`
+    prefers `batch`, which returns one result per trajectory, in order."""
+
+    def batch(self, trajectories: Sequence[Trajectory]) -> Sequence[RewardBreakdown]: ...
+
+
 class RewardFactory(Protocol):
     """The one signature of every `REWARDS` entry: `factory(suite, **options) -> RewardFn`.
 
@@ -75,15 +82,34 @@ def as_breakdown(value: Any, trajectory: Trajectory) -> RewardBreakdown:
     raise TypeError(f"reward function returned {type(value).__name__}, not RewardBreakdown")
 
 
-def apply_reward(reward_fn: RewardFn, trajectory: Trajectory) -> RewardBreakdown:
-    """Call `reward_fn` on one trajectory; any exception or non-finite result becomes a masked breakdown."""
+def _checked(compute: Callable[[], Any], trajectory: Trajectory) -> RewardBreakdown:
     try:
-        reward = as_breakdown(reward_fn(trajectory), trajectory)
+        reward = as_breakdown(compute(), trajectory)
     except Exception as exc:  # a failing reward masks the sample; it is never a silent 0
         return masked(f"{type(exc).__name__}: {exc}")
     if not reward.masked and not math.isfinite(reward.total):
         return masked("non-finite reward")
     return reward
+
+
+def apply_reward(reward_fn: RewardFn, trajectory: Trajectory) -> RewardBreakdown:
+    """Call `reward_fn` on one trajectory; any exception or non-finite result becomes a masked breakdown."""
+    return _checked(lambda: reward_fn(trajectory), trajectory)
+
+
+def apply_rewards(reward_fn: RewardFn, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
+    """`apply_reward` over a batch, through the reward's `batch` method when it has one (`BatchRewardFn`). A
+    `batch` that raises, or returns another number of results, masks every sample of the batch."""
+    batch = getattr(reward_fn, "batch", None)
+    if batch is None:
+        return [apply_reward(reward_fn, t) for t in trajectories]
+    try:
+        values = list(batch(trajectories))
+        if len(values) != len(trajectories):
+            raise ValueError(f"batch returned {len(values)} rewards for {len(trajectories)} trajectories")
+    except Exception as exc:  # noqa: BLE001 - as in `_checked`: a failing reward masks, never a silent 0
+        return [masked(f"{type(exc).__name__}: {exc}")] * len(trajectories)
+    return [_checked(lambda v=v: v, t) for v, t in zip(values, trajectories)]
 
 
 @dataclass(frozen=True)
@@ -139,9 +165,11 @@ def score(trajectories: Sequence[Trajectory], reward_fn: RewardFn, suite: TaskSu
 
     A reward function that raises, times out (`with_timeout`), returns a non-finite value or a process tuple
     that does not match the turns masks that sample: `reward.masked` is True and `reward.reason` says why.
+    A reward with a `batch` method scores the whole list through it (`apply_rewards`).
     """
-    return [ScoredTrajectory(traj, apply_reward(reward_fn, traj), success=episode_success(suite, traj))
-            for traj in trajectories]
+    rewards = apply_rewards(reward_fn, trajectories)
+    return [ScoredTrajectory(traj, reward, success=episode_success(suite, traj))
+            for traj, reward in zip(trajectories, rewards)]
 
 
 # ---- composition -------------------------------------------------------------------------------------------
@@ -184,12 +212,19 @@ class CombinedReward:
         self.components: tuple[tuple[RewardFn, float], ...] = tuple(comps)
 
     def __call__(self, trajectory: Trajectory) -> RewardBreakdown:
+        return self._combine(trajectory, [apply_reward(fn, trajectory) for fn, _ in self.components])
+
+    def batch(self, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
+        """Each component over the whole batch (its own `batch` when it has one), then the weighted sums."""
+        by_component = [apply_rewards(fn, trajectories) for fn, _ in self.components]
+        return [self._combine(t, [rewards[i] for rewards in by_component]) for i, t in enumerate(trajectories)]
+
+    def _combine(self, trajectory: Trajectory, rewards: Sequence[RewardBreakdown]) -> RewardBreakdown:
         n = len(trajectory.turns)
         outcome = 0.0
         process = [0.0] * n
         reasons: list[str] = []
-        for fn, weight in self.components:
-            r = apply_reward(fn, trajectory)
+        for (fn, weight), r in zip(self.components, rewards):
             if r.masked:
                 reasons.append(f"{_label(fn)}: {r.reason}")
                 continue

@@ -1,7 +1,8 @@
 """Judge calibration: score a judge against human labels before it is allowed to shape training.
 
 Labels are JSONL, one example per line: {"prompt": ..., "response": ..., "reference"?: ..., "label": 0|1} or
-{"trajectory": <store record | transcript string>, "label": 0|1} (1 = the response is acceptable).
+{"trajectory": <store record | transcript string>, "label": 0|1} (1 = the response is acceptable); each becomes
+a `Trajectory`, what a judge reads (`rewards.labels`).
 
 `calibrate` asks the judge about every example and reports agreement with the humans: accuracy, the confusion
 matrix, per-class precision and recall, and Cohen's kappa (agreement beyond chance: a judge that always says
@@ -22,14 +23,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from agentgrad.rewards.judge import Judge, JudgeInput, OpenAIChatBackend, judge_input
+from agentgrad.rewards.judge import Judge
+from agentgrad.rewards.judge_backends import OpenAIChatBackend
+from agentgrad.rewards.labels import CalibrationError, LabelledExample, load_labels
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "MIN_EXAMPLES",
+    "CalibrationError",
+    "CalibrationReport",
+    "JudgeNotCalibratedError",
+    "LabelledExample",
+    "agreement_report",
+    "calibrate",
+    "calibrate_cli",
+    "load_labels",
+    "read_report",
+    "require_calibrated",
+    "write_report",
+]
 
 MIN_EXAMPLES = 100
 DEFAULT_THRESHOLD = 0.80
-
-
-class CalibrationError(ValueError):
-    """The labels cannot calibrate a judge (malformed file, too few examples, a single class)."""
 
 
 class JudgeNotCalibratedError(RuntimeError):
@@ -42,47 +57,6 @@ class JudgeNotCalibratedError(RuntimeError):
         self.report_path = report_path
         self.accuracy = accuracy
         self.threshold = threshold
-
-
-@dataclass(frozen=True)
-class LabelledExample:
-    item: JudgeInput
-    label: int
-    line: int
-
-
-def _label(value: Any, line: int, path: Path) -> int:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return int(value)
-    if isinstance(value, str) and value.strip().lower() in ("0", "1", "pass", "fail"):
-        return 1 if value.strip().lower() in ("1", "pass") else 0
-    raise CalibrationError(f"{path}:{line}: label must be 0 or 1, got {value!r}")
-
-
-def load_labels(path: str | Path) -> list[LabelledExample]:
-    """Read a labels JSONL file. Raises CalibrationError with the line number of the first bad record."""
-    path = Path(path)
-    if not path.exists():
-        raise CalibrationError(f"labels file {path} does not exist")
-    out = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise CalibrationError(f"{path}:{n}: not JSON: {exc}") from None
-            if not isinstance(rec, dict) or "label" not in rec:
-                raise CalibrationError(f"{path}:{n}: each line must be an object with a 'label'")
-            try:
-                item = judge_input({k: v for k, v in rec.items() if k != "label"})
-            except (ValueError, TypeError) as exc:
-                raise CalibrationError(f"{path}:{n}: {exc}") from None
-            out.append(LabelledExample(item, _label(rec["label"], n, path), n))
-    return out
 
 
 @dataclass(frozen=True)
@@ -180,7 +154,7 @@ def calibrate(judge: Judge, labels_path: str | Path, *, min_examples: int = MIN_
     labels = [e.label for e in examples]
     if len(set(labels)) < 2:
         raise CalibrationError(f"{path} has only label {labels[0]}: both classes (0 and 1) are needed")
-    results = judge.judge_many([e.item for e in examples], max_workers=max_workers)
+    results = judge.judge_many([e.trajectory for e in examples], max_workers=max_workers)
     verdicts = [None if r.score is None else int(r.score >= pass_threshold) for r in results]
     errors = tuple(f"line {e.line}: {r.error}" for e, r in zip(examples, results) if r.error)[:5]
     return agreement_report(

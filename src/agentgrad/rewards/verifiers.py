@@ -1,5 +1,6 @@
 """Outcome verifiers: pure functions `(answer, expected) -> bool` (or a float in [0, 1] for partial credit),
-and `VerifierReward`, which turns one into a reward function.
+and `VerifierReward`, which turns one into a reward function. The built-in rules are `agentgrad.answers`, the
+same ones the task suites verify with.
 
 A verifier never raises on a missing or malformed answer: `None` or unparseable text is simply wrong.
 """
@@ -9,144 +10,32 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import re
-import unicodedata
 from typing import Any, Callable, Union
 
+from agentgrad.answers import (
+    MATCHERS,
+    exact_match,
+    normalize_text,
+    normalized_match,
+    numeric_match,
+    parse_number,
+    set_match,
+    split_items,
+)
 from agentgrad.registry import Registry
 from agentgrad.rewards.base import REWARDS, RewardSpecError, _import_ref, masked
 from agentgrad.types import RewardBreakdown, Trajectory
+
+__all__ = ["VERIFIERS", "Verifier", "VerifierReward", "exact_match", "get_verifier", "make_verifier_reward",
+           "normalize_text", "normalized_match", "numeric_match", "parse_number", "set_match", "split_items"]
 
 Verifier = Callable[[Union[str, None], str], Union[bool, float]]
 
 VERIFIERS: Registry[Callable[..., Any]] = Registry("verifier")
 
 
-def exact_match(answer: str | None, expected: str) -> bool:
-    """Equal strings, after trimming surrounding whitespace only (case and punctuation count).
-
-    >>> exact_match(" Paris\\n", "Paris")
-    True
-    >>> exact_match("paris", "Paris")
-    False
-    >>> exact_match(None, "Paris")
-    False
-    """
-    return answer is not None and answer.strip() == expected.strip()
-
-
-def normalize_text(text: str) -> str:
-    """Unicode NFKC, case-folded, punctuation removed, whitespace collapsed.
-
-    >>> normalize_text("  Hello,   WORLD!\\n")
-    'hello world'
-    >>> normalize_text("U.S.A.")
-    'usa'
-    """
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = "".join(ch for ch in text if not unicodedata.category(ch).startswith("P"))
-    return " ".join(text.split())
-
-
-def normalized_match(answer: str | None, expected: str) -> bool:
-    """Equal after `normalize_text` (case, whitespace and punctuation do not count).
-
-    >>> normalized_match("the  Eiffel tower.", "The Eiffel Tower")
-    True
-    >>> normalized_match("Eiffel", "The Eiffel Tower")
-    False
-    """
-    return answer is not None and normalize_text(answer) == normalize_text(expected)
-
-
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
-_FRACTION = re.compile(r"\s*([-+]?\d+)\s*/\s*(\d+)\s*")
-
-
-def parse_number(text: str | None) -> float | None:
-    """The number a text states: the whole text if it is a number (thousands separators, a leading currency
-    sign, a trailing % and simple fractions allowed), else the last number in it; None if there is none.
-
-    >>> parse_number("1,234.5")
-    1234.5
-    >>> parse_number("The answer is -42.")
-    -42.0
-    >>> parse_number("3/4")
-    0.75
-    >>> parse_number("3,4")  # not a thousands separator: two numbers, the last one counts
-    4.0
-    >>> parse_number("no digits") is None
-    True
-    """
-    if text is None:
-        return None
-    stripped = text.strip().lstrip("$€£").rstrip("%").strip()
-    m = _FRACTION.fullmatch(stripped)
-    if m:
-        den = int(m.group(2))
-        return int(m.group(1)) / den if den else None
-    if _NUMBER.fullmatch(stripped):
-        number = stripped
-    else:
-        found = _NUMBER.findall(text)
-        if not found:
-            return None
-        number = found[-1]
-    value = float(number.replace(",", ""))
-    return value if math.isfinite(value) else None  # "1e999" overflows to inf: not a usable answer
-
-
-def numeric_match(answer: str | None, expected: str, *, abs_tol: float = 1e-6, rel_tol: float = 1e-6) -> bool:
-    """The stated numbers agree within `abs_tol` or `rel_tol` (as `math.isclose`).
-
-    >>> numeric_match("The result is 3.14159", "3.1416", abs_tol=1e-3)
-    True
-    >>> numeric_match("100", "101", rel_tol=0.05)
-    True
-    >>> numeric_match("100", "101")
-    False
-    >>> numeric_match("about twelve", "12")
-    False
-    """
-    got, want = parse_number(answer), parse_number(expected)
-    if got is None or want is None:
-        return False
-    return math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
-
-
-_SEPARATORS = re.compile(r"[,;\n]")
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
-
-
-def split_items(text: str, *, normalize: bool = True) -> list[str]:
-    """Items of a comma-, semicolon- or line-separated list, bullets removed, empty items dropped.
-
-    >>> split_items("- Apples\\n- pears; Plums,")
-    ['apples', 'pears', 'plums']
-    """
-    items = [_BULLET.sub("", part).strip() for part in _SEPARATORS.split(text)]
-    if normalize:
-        items = [normalize_text(i) for i in items]
-    return [i for i in items if i]
-
-
-def set_match(answer: str | None, expected: str, *, normalize: bool = True) -> bool:
-    """The same set of items, in any order, duplicates ignored (see `split_items`).
-
-    >>> set_match("Paris, berlin", "Berlin\\nParis")
-    True
-    >>> set_match("Paris", "Paris, Berlin")
-    False
-    """
-    if answer is None:
-        return False
-    return set(split_items(answer, normalize=normalize)) == set(split_items(expected, normalize=normalize))
-
-
-VERIFIERS.add("exact", exact_match)
-VERIFIERS.add("normalized", normalized_match)
-VERIFIERS.add("numeric", numeric_match)
-VERIFIERS.add("set", set_match)
+for _name, _rule in MATCHERS.items():  # the rules of `agentgrad.answers`, which the task suites also use
+    VERIFIERS.add(_name, _rule)
 
 
 def get_verifier(spec: str | Verifier, **options: Any) -> Verifier:

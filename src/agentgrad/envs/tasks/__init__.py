@@ -11,13 +11,12 @@ Standard library only (plus the env/tool base modules): no torch here.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
-import re
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
+from agentgrad.answers import MATCHERS
 from agentgrad.envs.tool_env import ToolEnv
 from agentgrad.tools.base import ToolSet
 from agentgrad.types import Task
@@ -116,58 +115,12 @@ class NameMaker:
 
 # ---- answers --------------------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-_ARTICLES = {"a", "an", "the"}
-
-
-def extract_number(text: str | None) -> float | None:
-    """The last number in `text` (thousands separators allowed: "81,000"), or None."""
-    if not text:
-        return None
-    cleaned = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
-    found = _NUMBER.findall(cleaned)
-    if not found:
-        return None
-    try:
-        value = float(found[-1])
-    except (OverflowError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def normalize(text: str | None) -> str:
-    """Lower case, punctuation to spaces, articles dropped, whitespace collapsed."""
-    words = re.sub(r"[^\w\s]", " ", (text or "").lower()).split()
-    return " ".join(w for w in words if w not in _ARTICLES)
-
-
-def numeric_match(answer: str | None, gold: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> bool:
-    got, want = extract_number(answer), extract_number(gold)
-    return got is not None and want is not None and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
-
-
-def normalized_match(answer: str | None, gold: str, *, extra_words: int = 4) -> bool:
-    """Equal after `normalize`, or the answer ends with the gold answer after at most `extra_words` other words
-    ("It is Velmora." matches "Velmora"; a list of every city does not)."""
-    a, g = normalize(answer), normalize(gold)
-    if not g:
-        return a == g
-    if a == g:
-        return True
-    return a.endswith(" " + g) and len(a.split()) <= len(g.split()) + extra_words
-
-
-def exact_match(answer: str | None, gold: str) -> bool:
-    return (answer or "").strip() == gold.strip()
-
-
-VERIFIERS: dict[str, Callable[[str | None, str], bool]] = {
-    "exact": exact_match, "numeric": numeric_match, "normalized": normalized_match,
-}
+# The rules live in `agentgrad.answers`, shared with the verifier rewards; by name for `metadata["verifier"]`.
+VERIFIERS: Mapping[str, Callable[[str | None, str], bool]] = MATCHERS
 
 
 def verify_by_kind(task: Task, answer: str | None, default: str = "normalized") -> bool:
-    """Check `answer` with the verifier named by `task.metadata["verifier"]` (exact | numeric | normalized)."""
+    """Check `answer` with the rule named by `task.metadata["verifier"]` (exact | normalized | numeric | set)."""
     kind = task.metadata.get("verifier", default)
     fn = VERIFIERS.get(kind)
     if fn is None:
