@@ -29,7 +29,7 @@ def run_one(seed: int, threads: int, k: str | None) -> tuple[int, int, bool, str
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
-    learned = [line.strip() for line in out.splitlines() if re.match(r"^\s*learning: ", line)]
+    learned = [line[line.index("learning: "):].strip() for line in out.splitlines() if "learning: " in line]
     summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed)", line)),
                    f"exit {proc.returncode}").strip("= ")
     print(f"--- seed {seed}, {threads} thread(s): {summary}\n" + "".join(f"    {x}\n" for x in learned), flush=True)
