@@ -15,7 +15,7 @@ from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.backends.scoring import token_logprobs
 from agentgrad.batch import collate
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
-from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, run_episodes
 from agentgrad.rollout.parser import OPEN
 
 HEADER = '\n{"name": "'
@@ -80,7 +80,7 @@ def _masked_rollout(loaded_tiny, codec, engine: str = "session", n: int = 8):
     sampler, caller = (ForceCall(policy, open_id), None) if engine == "rounds" else (policy, _force_first(open_id))
     return run_episodes(sampler, codec, [suite.make_env() for _ in tasks], tasks,
                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=caller,
-                        limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
+                        limits=EpisodeLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
 
 
 @pytest.mark.parametrize("engine", ["rounds", "session"])
