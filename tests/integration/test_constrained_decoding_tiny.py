@@ -75,8 +75,9 @@ def _masked_rollout(loaded_tiny, codec, engine: str = "session", n: int = 8):
     tasks = suite.sample_tasks(n, split="train", seed=0)
     policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
     open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
-    # "rounds": a plain Policy stepped turn by turn through `generate`; "session": HFPolicy's continuous-batching
-    # engine, where the loop's own processor is chained after a caller's (here the one forcing <tool_call>).
+    # "rounds": a plain Policy through `generate`, seen as a session by GenerateSession (every episode in flight
+    # advances one turn per `generate` call); "session": HFPolicy's continuous-batching engine, where the loop's own
+    # processor is chained after a caller's (here the one forcing <tool_call>).
     sampler, caller = (ForceCall(policy, open_id), None) if engine == "rounds" else (policy, _force_first(open_id))
     return run_episodes(sampler, codec, [suite.make_env() for _ in tasks], tasks,
                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=caller,

@@ -235,11 +235,12 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         capacity = max(1, min(sampler.max_concurrent_episodes, len(live)))
         turn_sampling = dataclasses.replace(sampling, max_new_tokens=limits.max_new_tokens_per_turn)
         drain = sampler.deterministic_schedule or not isinstance(policy, SessionPolicy)
-        with ThreadPoolExecutor(max_workers=sampler.tool_workers or capacity,
-                                thread_name_prefix="agentgrad-tool") as pool, \
-                open_session(policy, turn_sampling, processor, max_sequences=capacity,
-                             max_tokens=limits.max_total_tokens, pause=None if calls is None else calls.pause) as s:
-            _Schedule(s, pool, codec, episodes, limits, masker, calls, capacity, drain).run(live)
+        pause = None if calls is None else calls.pause
+        with (ThreadPoolExecutor(max_workers=sampler.tool_workers or capacity, thread_name_prefix="agentgrad-tool")
+              as pool,
+              open_session(policy, turn_sampling, processor, max_sequences=capacity,
+                           max_tokens=limits.max_total_tokens, pause=pause) as session):
+            _Schedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain).run(live)
     return [finish_episode(ep, policy_version) for ep in episodes]
 
 
