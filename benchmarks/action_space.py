@@ -50,7 +50,7 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     c = build_components(config, run_dir)
     demos = expert_demos(c, args.demos, seed=args.seed + 1)  # the same tasks in both arms
     if mode == "factored+names":
-        plain = expert_demos(dataclasses.replace(c, limits=dataclasses.replace(c.limits, action_head="tokens")),
+        plain = expert_demos(dataclasses.replace(c, sampler=dataclasses.replace(c.sampler, action_head="tokens")),
                              args.demos, seed=args.seed + 1)
         demos = [dataclasses.replace(d, loss_mask=p.loss_mask) for d, p in zip(demos, plain)]
     t0 = time.perf_counter()
@@ -59,15 +59,16 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
 
     tasks = c.suite.sample_tasks(args.eval_tasks, split="heldout", seed=args.seed)
 
-    def rollouts(limits):
-        return run_episodes(c.policy, c.codec, [c.suite.make_env() for _ in tasks], tasks, limits=limits,
-                            sampling=SamplingParams(temperature=0.0, seed=args.seed), seeds=[args.seed] * len(tasks))
+    def rollouts(sampler):
+        return run_episodes(c.policy, c.codec, [c.suite.make_env() for _ in tasks], tasks, limits=c.limits,
+                            sampler=sampler, sampling=SamplingParams(temperature=0.0, seed=args.seed),
+                            seeds=[args.seed] * len(tasks))
 
     t0 = time.perf_counter()
-    trajs = rollouts(c.limits)
+    trajs = rollouts(c.sampler)
     eval_s = time.perf_counter() - t0
     if mode == "factored+names":  # the same LM writing the names itself: is it the head or the LM that fails?
-        alone = rollouts(dataclasses.replace(c.limits, action_head="tokens"))
+        alone = rollouts(dataclasses.replace(c.sampler, action_head="tokens"))
         print(f"factored+names, names written by the LM instead of the head: held-out success "
               f"{sum(c.suite.verify(t.task, t.final_answer) for t in alone)}/{len(alone)}")
     wins = sum(c.suite.verify(t.task, t.final_answer) for t in trajs)

@@ -25,7 +25,7 @@ from pathlib import Path
 from agentgrad.config import build_config
 from agentgrad.envs import SUITES
 from agentgrad.models.hf import load_model
-from agentgrad.pipelines.components import build_tiny_model_dir, make_suite, quiet_hf, rollout_limits
+from agentgrad.pipelines.components import build_tiny_model_dir, episode_limits, make_suite, quiet_hf
 from agentgrad.pipelines.demos import DemoLength, unlimited
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import expert_trajectory
@@ -44,7 +44,7 @@ def measure(suite_name: str, seed: int, num_demos: int | None, workdir: Path) ->
     try:
         loaded = load_model(build_tiny_model_dir(config, suite, workdir / f"{suite_name}-{seed}"))
         codec = ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
-        env, limits = suite.make_env(), unlimited(rollout_limits(config))
+        env, limits = suite.make_env(), unlimited(episode_limits(config))
         tasks = suite.sample_tasks(num_demos or config.bc.num_demos, split="train", seed=seed + 1)  # as run_bc
         return [DemoLength.of(expert_trajectory(env, t, suite.expert_actions(t), codec, limits)) for t in tasks]
     finally:
@@ -62,7 +62,7 @@ def table(rows: dict[str, list[tuple[int, DemoLength]]]) -> str:
             "| longest turn | max_new_tokens_per_turn | dropped (worst seed) |")
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
     for name, items in rows.items():
-        limits = rollout_limits(build_config(overrides=[f"env={name}"]))
+        limits = episode_limits(build_config(overrides=[f"env={name}"]))
         totals = sorted(d.total_tokens for _, d in items)
         per_seed: dict[int, int] = {}
         for seed, d in items:

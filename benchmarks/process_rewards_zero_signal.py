@@ -45,6 +45,7 @@ def measure(suite_name: str, *, bc_steps: int, tasks: int, group_size: int, temp
     repeated = [t for t in task_list for _ in range(group_size)]
     trajectories = run_episodes(c.policy, c.codec, [c.suite.make_env() for _ in repeated], repeated,
                                 sampling=SamplingParams(temperature=temperature, seed=seed), limits=c.limits,
+                                sampler=c.sampler,
                                 sample_indices=[i % group_size for i in range(len(repeated))])
     row: dict[str, float] = {}
     for reward_name in ("outcome", "shaped"):

@@ -67,8 +67,8 @@ def main() -> None:
 
     from agentgrad.envs import SUITES
     from agentgrad.models.hf import load_model
-    from agentgrad.pipelines.components import inference, quiet_hf, rollout_limits
-    from agentgrad.rollout.loop import run_episodes
+    from agentgrad.pipelines.components import episode_limits, inference, quiet_hf
+    from agentgrad.rollout.loop import SamplerSettings, run_episodes
 
     quiet_hf()
     config = bench_config()
@@ -76,7 +76,7 @@ def main() -> None:
     ours, codec = inference(loaded)
     peer = HFGeneratePolicy(loaded.model, loaded.eos_token_ids, loaded.pad_token_id)
     suite = SUITES.get("arithmetic")()
-    limits = rollout_limits(config)
+    limits = episode_limits(config)
     tasks = [t for t in suite.sample_tasks(args.episodes // 8, split="train", seed=5) for _ in range(8)]
     seed = [0]
 
@@ -84,7 +84,8 @@ def main() -> None:
         seed[0] += 1
         sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.7, seed=seed[0])
         dt, trajs = timed(lambda: run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks,
-                                               sampling=sampling, limits=limits, max_concurrent=args.episodes))
+                                               sampling=sampling, limits=limits,
+                                               sampler=SamplerSettings(max_concurrent_episodes=args.episodes)))
         stats.setdefault(id(policy), []).append(sum(len(t.turns) for t in trajs) / len(trajs))
         return sum(t.num_generated_tokens for t in trajs) / dt
 

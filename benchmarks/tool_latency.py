@@ -41,7 +41,8 @@ class LatencyEnv:
 
 
 class GenerateOnly:
-    """The same policy seen through the plain `Policy.generate` protocol: the loop falls back to rounds."""
+    """The same policy seen through the plain `Policy.generate` protocol: the scheduler runs it through
+    `GenerateSession`, waiting for every tool after each step (rounds)."""
 
     def __init__(self, policy) -> None:
         self.generate = policy.generate
@@ -62,15 +63,15 @@ def main() -> None:
     from agentgrad.backends.base import SamplingParams
     from agentgrad.envs import SUITES
     from agentgrad.models.hf import load_model
-    from agentgrad.pipelines.components import inference, quiet_hf, rollout_limits
-    from agentgrad.rollout.loop import run_episodes
+    from agentgrad.pipelines.components import episode_limits, inference, quiet_hf
+    from agentgrad.rollout.loop import SamplerSettings, run_episodes
 
     quiet_hf()
     set_threads(args.threads)
     loaded = load_model(bc_model_dir(args.bc_steps))
     policy, codec = inference(loaded)
     suite = SUITES.get("arithmetic")()
-    limits = rollout_limits(bench_config())
+    limits = episode_limits(bench_config())
     tasks = [t for t in suite.sample_tasks(args.episodes // 8, split="train", seed=5) for _ in range(8)]
     sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.7, seed=1)
     calls: dict[str, float] = {}
@@ -78,7 +79,7 @@ def main() -> None:
     def rollout(pol, latency_s: float) -> float:
         envs = [LatencyEnv(suite.make_env(), latency_s) for _ in tasks]
         dt, trajs = timed(lambda: run_episodes(pol, codec, envs, tasks, sampling=sampling, limits=limits,
-                                               max_concurrent=args.episodes))
+                                               sampler=SamplerSettings(max_concurrent_episodes=args.episodes)))
         calls["per_episode"] = sum(isinstance(t.action, ToolCall) for tr in trajs for t in tr.turns) / len(trajs)
         return sum(t.num_generated_tokens for t in trajs) / dt
 

@@ -96,7 +96,7 @@ def main() -> None:
     from agentgrad.envs import SUITES
     from agentgrad.models.hf import load_model
     from agentgrad.models.tiny import build_tiny_model
-    from agentgrad.pipelines.components import inference, quiet_hf, rollout_limits
+    from agentgrad.pipelines.components import episode_limits, inference, quiet_hf
     from agentgrad.rewards.base import OutcomeReward, score
     from agentgrad.rollout.loop import run_episodes
 
@@ -107,7 +107,7 @@ def main() -> None:
     suite = SUITES.get("arithmetic")()
     tasks = [t for t in suite.sample_tasks(16, split="train", seed=5) for _ in range(8)]
     trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks,
-                         sampling=SamplingParams(temperature=0.7, seed=0), limits=rollout_limits(bench_config()))
+                         sampling=SamplingParams(temperature=0.7, seed=0), limits=episode_limits(bench_config()))
     scored = score(trajs, OutcomeReward(suite), suite)
     batch = collate(scored, pad_token_id=loaded.pad_token_id, group_index=[i // 8 for i in range(len(scored))])
     batch = batch.replace(advantages=torch.randn(batch.loss_mask.shape) * batch.loss_mask)

@@ -116,7 +116,8 @@ def eval_cmd(
 
     from agentgrad.checkpoint import latest_checkpoint
     from agentgrad.models.hf import ModelLoadError, load_model
-    from agentgrad.pipelines.components import inference, make_suite, make_tool_head, quiet_hf, rollout_limits
+    from agentgrad.pipelines.components import (episode_limits, inference, make_suite, make_tool_head, quiet_hf,
+                                                sampler_settings)
     from agentgrad.pipelines.evaluate import evaluate
 
     quiet_hf()
@@ -136,10 +137,9 @@ def eval_cmd(
     if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
         _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
     policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
-    result = evaluate(policy, codec, suite,
-                      rollout_limits(config), num_tasks=num_tasks or config.eval.num_tasks,
-                      seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
-                      batch_size=config.eval.batch_size)
+    result = evaluate(policy, codec, suite, episode_limits(config), sampler_settings(config),
+                      num_tasks=num_tasks or config.eval.num_tasks, seed=config.run.seed if seed is None else seed,
+                      temperature=config.eval.temperature, batch_size=config.eval.batch_size)
     if as_json:
         typer.echo(json.dumps({"checkpoint": str(ckpt), **result.to_dict()}))
     else:

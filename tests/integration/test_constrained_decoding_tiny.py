@@ -15,7 +15,7 @@ from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.backends.scoring import token_logprobs
 from agentgrad.batch import collate
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
-from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, run_episodes
 from agentgrad.rollout.parser import OPEN
 
 HEADER = '\n{"name": "'
@@ -75,12 +75,13 @@ def _masked_rollout(loaded_tiny, codec, engine: str = "session", n: int = 8):
     tasks = suite.sample_tasks(n, split="train", seed=0)
     policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
     open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
-    # "rounds": a plain Policy stepped turn by turn through `generate`; "session": HFPolicy's continuous-batching
-    # engine, where the loop's own processor is chained after a caller's (here the one forcing <tool_call>).
+    # "rounds": a plain Policy through `generate`, seen as a session by GenerateSession (every episode in flight
+    # advances one turn per `generate` call); "session": HFPolicy's continuous-batching engine, where the loop's own
+    # processor is chained after a caller's (here the one forcing <tool_call>).
     sampler, caller = (ForceCall(policy, open_id), None) if engine == "rounds" else (policy, _force_first(open_id))
     return run_episodes(sampler, codec, [suite.make_env() for _ in tasks], tasks,
                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=caller,
-                        limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
+                        limits=EpisodeLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400))
 
 
 @pytest.mark.parametrize("engine", ["rounds", "session"])

@@ -8,7 +8,7 @@ import pytest
 
 from agentgrad.config import build_config
 from agentgrad.models.hf import load_model
-from agentgrad.pipelines.components import build_tiny_model_dir, make_suite, rollout_limits
+from agentgrad.pipelines.components import build_tiny_model_dir, make_suite, episode_limits
 from agentgrad.pipelines.demos import MAX_DROPPED_SHARE, DemoLength, check_demos_fit
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import expert_trajectory
@@ -24,7 +24,7 @@ def test_expert_demos_fit_the_shipped_limits_on_seeds_0_to_9(suite_name, tmp_pat
     suite = make_suite(config)
     try:
         loaded = load_model(build_tiny_model_dir(config, suite, tmp_path / "model"))
-        codec, limits, env = ChatCodec(loaded.tokenizer, loaded.eos_token_ids), rollout_limits(config), suite.make_env()
+        codec, limits, env = ChatCodec(loaded.tokenizer, loaded.eos_token_ids), episode_limits(config), suite.make_env()
         kept: list[DemoLength] = []
         for seed in SEEDS:
             tasks = suite.sample_tasks(DEMOS_PER_SEED, split="train", seed=seed + 1)  # the tasks run_bc clones

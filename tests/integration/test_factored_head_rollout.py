@@ -12,11 +12,12 @@ from agentgrad.batch import collate
 from agentgrad.data.store import from_json, to_json
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
 from agentgrad.models.factored_head import FactoredToolHead
-from agentgrad.rollout.loop import RolloutLimits, expert_trajectory, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, expert_trajectory, run_episodes
 from agentgrad.rollout.parser import OPEN
 
 PUBLIC = frozenset(s.name for s in catalog() if not s.auth)
-LIMITS = RolloutLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400, action_head="factored")
+LIMITS = EpisodeLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400)
+FACTORED = SamplerSettings(action_head="factored")
 
 
 def _force_open(open_id):
@@ -30,7 +31,8 @@ def _force_open(open_id):
 def _setup(loaded_tiny, codec):
     torch.manual_seed(0)
     head = FactoredToolHead(loaded_tiny.model.config.hidden_size, [(s.name, s.category) for s in catalog()])
-    policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
+    policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id,
+                      tool_head=head)
     suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
     open_id = loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN)
     return head, policy, suite, _force_open(open_id)
@@ -43,8 +45,8 @@ def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny
     at the decision position; decisions round-trip through the store's JSON."""
     head, policy, suite, force = _setup(loaded_tiny, codec)
     tasks = suite.sample_tasks(12, split="train", seed=0)
-    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS,
-                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force, tool_head=head)
+    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS, sampler=FACTORED,
+                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force)
     decisions = [(t, d) for t in trajs for d in t.head_decisions]
     assert len(decisions) >= len(trajs)
     assert {d.tool for _, d in decisions} <= PUBLIC
@@ -94,9 +96,8 @@ def test_greedy_head_takes_the_argmax_and_seeded_rollouts_repeat(loaded_tiny, co
     tasks = suite.sample_tasks(4, split="train", seed=1)
 
     def run(temperature):
-        return run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS,
-                            sampling=SamplingParams(temperature=temperature, seed=3), logits_processor=force,
-                            tool_head=head)
+        return run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS, sampler=FACTORED,
+                            sampling=SamplingParams(temperature=temperature, seed=3), logits_processor=force)
 
     a, b = run(1.0), run(1.0)
     assert [t.token_ids for t in a] == [t.token_ids for t in b]
@@ -115,10 +116,9 @@ def test_expert_demos_mark_names_as_head_decisions(loaded_tiny, codec):
     the full catalog as legal) and its tokens leave the LM's loss."""
     suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
     task = suite.sample_tasks(1, split="train", seed=0)[0]
-    limits = RolloutLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000, action_head="factored")
-    plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec,
-                              RolloutLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000))
-    demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
+    limits = EpisodeLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000)
+    plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
+    demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits, action_head="factored")
     calls = [a.name for a in suite.expert_actions(task) if hasattr(a, "name")]
     assert [d.tool for d in demo.head_decisions] == calls
     assert demo.token_ids == plain.token_ids and not plain.head_decisions

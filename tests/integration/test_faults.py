@@ -12,7 +12,7 @@ from agentgrad.config import build_config
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import NonFiniteLossError
 from agentgrad.logging import ProgressDisplay, RunLogger
-from agentgrad.pipelines.components import Components, rollout_limits
+from agentgrad.pipelines.components import Components, episode_limits, sampler_settings
 from agentgrad.pipelines.rl import make_batch, policy_update, rollout_groups, run_rl, start_rl
 from agentgrad.rewards.base import load_reward
 from agentgrad.types import Message, ToolCall
@@ -66,7 +66,8 @@ def components(arithmetic_suite, loaded_tiny, codec):
         loaded.model = copy.deepcopy(loaded_tiny.model)
         return Components(config=config, suite=arithmetic_suite, loaded=loaded, codec=codec,
                           policy=ExpertPolicy(arithmetic_suite, codec, tasks),
-                          learner=TorchLearner(loaded.model, lr=1e-4), limits=rollout_limits(config),
+                          learner=TorchLearner(loaded.model, lr=1e-4), limits=episode_limits(config),
+                          sampler=sampler_settings(config),
                           reward_fn=load_reward("outcome", arithmetic_suite))
     return make
 

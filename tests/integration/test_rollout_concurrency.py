@@ -14,7 +14,7 @@ import pytest
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.hf import HFPolicy
 from agentgrad.envs import ToolEnv
-from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.tools.base import ToolSet, tool
 from agentgrad.types import Message, StopReason, Task, ToolCall
 
@@ -78,10 +78,11 @@ def _run(loaded, codec, tools, n, *, forced_turns, max_turns, seed, max_new=48, 
                       batch_invariant=batch_invariant)
     tasks = [Task(f"t{i}", f"task {i}", "x") for i in range(n)]
     envs = [ToolEnv(tools.toolset, lambda task, answer: True, system_prompt="s") for _ in tasks]
-    limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new, max_total_tokens=400,
-                           repeated_call_limit=0, deterministic_schedule=deterministic)
+    limits = EpisodeLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new, max_total_tokens=400,
+                           repeated_call_limit=0)
+    sampler = SamplerSettings(max_concurrent_episodes=n, deterministic_schedule=deterministic)
     return run_episodes(policy, codec, envs, tasks, sampling=SamplingParams(temperature=1.0, seed=seed),
-                        limits=limits, logits_processor=_forcing(codec, n, forced_turns), max_concurrent=n)
+                        limits=limits, sampler=sampler, logits_processor=_forcing(codec, n, forced_turns))
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ and never crash the rollout."""
 from agentgrad.backends.base import Generation, SamplingParams
 from agentgrad.pipelines.rl import rollout_metrics
 from agentgrad.rewards.base import OutcomeReward, score
-from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, run_episodes
 from agentgrad.types import InvalidAction, StopReason, ToolCall, TrajectoryGroup
 
 
@@ -34,7 +34,7 @@ def test_malformed_and_unknown_calls_are_error_observations(arithmetic_suite, co
               task.answer]
     policy = ScriptedPolicy(codec, script)
     [traj] = run_episodes(policy, codec, [arithmetic_suite.make_env()], [task], sampling=SamplingParams(),
-                          limits=RolloutLimits(max_turns=6, max_invalid_calls=3))
+                          limits=EpisodeLimits(max_turns=6, max_invalid_calls=3))
     assert traj.stop_reason is StopReason.ANSWERED
     assert isinstance(traj.turns[0].action, InvalidAction)
     assert traj.turns[0].observation.startswith("error (bad_arguments)")
@@ -53,7 +53,7 @@ def test_invalid_call_limit_and_token_limit_stop_episodes(arithmetic_suite, code
     task = arithmetic_suite.sample_tasks(1, split="train", seed=0)[0]
     policy = ScriptedPolicy(codec, ["<tool_call>{oops</tool_call>"])
     [traj] = run_episodes(policy, codec, [arithmetic_suite.make_env()], [task], sampling=SamplingParams(),
-                          limits=RolloutLimits(max_turns=10, max_invalid_calls=2))
+                          limits=EpisodeLimits(max_turns=10, max_invalid_calls=2))
     assert traj.stop_reason is StopReason.INVALID_CALLS and traj.num_invalid_calls == 2
 
     class Rambler(ScriptedPolicy):
@@ -62,5 +62,5 @@ def test_invalid_call_limit_and_token_limit_stop_episodes(arithmetic_suite, code
             return [Generation(tuple(ids), (-0.1,) * len(ids), "length") for _ in prompts]
 
     [cut] = run_episodes(Rambler(codec, []), codec, [arithmetic_suite.make_env()], [task],
-                         sampling=SamplingParams(), limits=RolloutLimits(max_new_tokens_per_turn=8))
+                         sampling=SamplingParams(), limits=EpisodeLimits(max_new_tokens_per_turn=8))
     assert cut.stop_reason is StopReason.MAX_TOKENS and cut.final_answer is None

@@ -16,7 +16,7 @@ from agentgrad.config import ConfigError, build_config
 from agentgrad.envs import SUITES, SuiteCheckError, check_suite, episode_success
 from agentgrad.registry import ImportRefError, UnknownNameError
 from agentgrad.rewards.base import OutcomeReward, load_reward, score
-from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.tools import TOOLS, make_tool
 from agentgrad.types import StopReason, Task, ToolCall
 
@@ -125,7 +125,7 @@ def test_a_won_game_scores_1_without_a_final_answer(game, codec):
     task = Task("g", "I picked a number from 1 to 8.", answer="6", suite=game.name, metadata={"high": 8})
     calls = [f'<tool_call>\n{{"name": "guess", "arguments": {{"number": {n}}}}}\n</tool_call>' for n in (4, 6)]
     [won] = run_episodes(ScriptedPolicy(codec, calls), codec, [game.make_env()], [task], sampling=SamplingParams(),
-                         limits=RolloutLimits(max_turns=5, max_total_tokens=400))
+                         limits=EpisodeLimits(max_turns=5, max_total_tokens=400))
     assert won.stop_reason is StopReason.ENV_TERMINATED and won.final_answer is None
     assert won.final_info["success"] is True and won.env_success is True
     [scored] = score([won], OutcomeReward(game), game)
@@ -134,11 +134,12 @@ def test_a_won_game_scores_1_without_a_final_answer(game, codec):
     # The same game lost (out of guesses) scores 0, and an answer does not win it.
     wrong = '<tool_call>\n{"name": "guess", "arguments": {"number": 1}}\n</tool_call>'
     [lost] = run_episodes(ScriptedPolicy(codec, [wrong]), codec, [game.make_env()], [task], sampling=SamplingParams(),
-                          limits=RolloutLimits(max_turns=8, max_total_tokens=900, repeated_call_limit=0))
+                          limits=EpisodeLimits(max_turns=8, max_total_tokens=900, repeated_call_limit=0))
     assert lost.stop_reason is StopReason.ENV_TERMINATED and lost.final_info["success"] is False
     assert not episode_success(game, lost)
     [answered] = run_episodes(ScriptedPolicy(codec, ["6"]), codec, [game.make_env()], [task],
-                              sampling=SamplingParams(), limits=RolloutLimits(max_total_tokens=400, tool_name_mask="off"))
+                              sampling=SamplingParams(), limits=EpisodeLimits(max_total_tokens=400),
+                              sampler=SamplerSettings(tool_name_mask="off"))
     assert answered.final_answer == "6" and not episode_success(game, answered)
 
 
@@ -261,11 +262,12 @@ def test_eval_counts_distinct_tasks_and_says_when_fewer_than_asked(codec):
                 out.append(Generation(tuple(reply), (0.0,) * len(reply), "stop"))
             return out
 
-    result = evaluate(SolvesSeven(codec, []), codec, suite, RolloutLimits(), num_tasks=200, seed=0)
+    result = evaluate(SolvesSeven(codec, []), codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=200, seed=0)
     assert result.num_tasks == 20 and result.requested_tasks == 200 and result.num_successes == 7
     assert (result.ci_low, result.ci_high) == wilson_interval(7, 20)
     assert result.success_rate == 7 / 20 and "only 20 distinct tasks of the 200 asked" in result.note
-    assert evaluate(SolvesSeven(codec, []), codec, suite, RolloutLimits(), num_tasks=10, seed=0).note is None
+    assert evaluate(SolvesSeven(codec, []), codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=10,
+                    seed=0).note is None
 
 
 # ---- BC on logged expert trajectories ---------------------------------------------------------------------
@@ -290,7 +292,7 @@ def test_logged_expert_chats_encode_to_the_experts_own_tokens(arithmetic_suite, 
     assert "line 3" in result.errors[0] and "2 bad line(s)" in result.summary(log)
     env = arithmetic_suite.make_env()
     for demo, task in zip(result.demos, [t for i, t in enumerate(tasks) if i != 2]):
-        expert = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec, RolloutLimits())
+        expert = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec, EpisodeLimits())
         assert demo.token_ids == expert.token_ids and demo.loss_mask == expert.loss_mask
         assert demo.stop_reason is StopReason.ANSWERED
     (tmp_path / "empty.jsonl").write_text("{bad\n")
@@ -318,7 +320,7 @@ def test_a_game_log_ends_with_the_envs_own_termination(game, codec, tmp_path):
                                                               tools=tools)) + "\n")
     [demo] = read_demos(tmp_path / "g.jsonl", codec, tools).demos
     expert = expert_trajectory(game.make_env(), task, game.expert_actions(task), codec,
-                               RolloutLimits(max_turns=7, max_total_tokens=448))
+                               EpisodeLimits(max_turns=7, max_total_tokens=448))
     assert demo.stop_reason is expert.stop_reason is StopReason.ENV_TERMINATED
     assert demo.token_ids == expert.token_ids
 

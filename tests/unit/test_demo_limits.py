@@ -7,7 +7,7 @@ import pytest
 
 from agentgrad.pipelines.bc import DemoLimitError, check_demos_fit
 from agentgrad.pipelines.demos import MAX_DROPPED_SHARE, expert_demos
-from agentgrad.rollout.loop import RolloutLimits, expert_trajectory
+from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, expert_trajectory
 from agentgrad.types import ToolCall
 
 
@@ -15,12 +15,12 @@ def test_demos_that_do_not_fit_the_limits_fail_fast(arithmetic_suite, codec):
     task = arithmetic_suite.sample_tasks(1, split="train", seed=0)[0]
     actions = arithmetic_suite.expert_actions(task)
     env = arithmetic_suite.make_env()
-    check_demos_fit([expert_trajectory(env, task, actions, codec, RolloutLimits())], RolloutLimits())
+    check_demos_fit([expert_trajectory(env, task, actions, codec, EpisodeLimits())], EpisodeLimits())
 
-    cut = expert_trajectory(env, task, actions, codec, RolloutLimits(max_turns=1))
+    cut = expert_trajectory(env, task, actions, codec, EpisodeLimits(max_turns=1))
     with pytest.raises(DemoLimitError, match="rollout.max_turns=1"):
-        check_demos_fit([cut], RolloutLimits(max_turns=1))
-    tight = RolloutLimits(max_new_tokens_per_turn=4)
+        check_demos_fit([cut], EpisodeLimits(max_turns=1))
+    tight = EpisodeLimits(max_new_tokens_per_turn=4)
     with pytest.raises(DemoLimitError, match="rollout.max_new_tokens_per_turn=4"):
         check_demos_fit([expert_trajectory(env, task, actions, codec, tight)], tight)
 
@@ -51,7 +51,7 @@ class _Logger:
 def _components(arithmetic_suite, codec, n_detours: int, n: int = 200):
     tasks = arithmetic_suite.sample_tasks(n, split="train", seed=3)
     suite = _Detour(arithmetic_suite, {t.task_id for t in tasks[:n_detours]})
-    return SimpleNamespace(suite=suite, codec=codec, limits=RolloutLimits())
+    return SimpleNamespace(suite=suite, codec=codec, limits=EpisodeLimits(), sampler=SamplerSettings())
 
 
 def test_a_rare_demo_that_does_not_fit_is_dropped_counted_and_warned(arithmetic_suite, codec):

@@ -1,13 +1,13 @@
 """Loss masks cover exactly the policy's own tokens across turns, and ids are never re-tokenised."""
 
-from agentgrad.rollout.loop import RolloutLimits, expert_trajectory
+from agentgrad.rollout.loop import EpisodeLimits, expert_trajectory
 from agentgrad.types import FinalAnswer, Message, StopReason, ToolCall
 
 
 def test_mask_covers_exactly_the_policy_turns(arithmetic_suite, codec):
     task = arithmetic_suite.sample_tasks(1, split="train", seed=3)[0]
     traj = expert_trajectory(arithmetic_suite.make_env(), task, arithmetic_suite.expert_actions(task), codec,
-                             RolloutLimits())
+                             EpisodeLimits())
     assert traj.stop_reason is StopReason.ANSWERED and len(traj.turns) == 2
     masked_positions = [i for i, m in enumerate(traj.loss_mask) if m]
     turn_positions = [i for t in traj.turns for i in range(t.start, t.end)]
@@ -30,7 +30,7 @@ def test_no_drift_against_rendering_the_whole_chat(arithmetic_suite, codec):
     for task in arithmetic_suite.sample_tasks(20, split="train", seed=5):
         env = arithmetic_suite.make_env()
         tools = env.reset(options={"task": task})[1]["tools"]
-        traj = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec, RolloutLimits())
+        traj = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec, EpisodeLimits())
         # The template writes a newline after the final eos; the episode ends at the eos itself.
         full = codec.render(list(traj.messages), tools)
         assert codec.encode(full.removesuffix("\n")) == list(traj.token_ids)
@@ -53,12 +53,12 @@ def test_limits_stop_reasons(arithmetic_suite, codec):
     env = arithmetic_suite.make_env()
     call = ToolCall("calculator", {"expression": task.metadata["expression"]})
     repeated = expert_trajectory(env, task, [call, call, call, FinalAnswer("1")], codec,
-                                 RolloutLimits(repeated_call_limit=3, max_turns=10))
+                                 EpisodeLimits(repeated_call_limit=3, max_turns=10))
     assert repeated.stop_reason is StopReason.REPEATED_CALL
     turns = expert_trajectory(env, task, [call, ToolCall("calculator", {"expression": "1"}), FinalAnswer("1")],
-                              codec, RolloutLimits(max_turns=2))
+                              codec, EpisodeLimits(max_turns=2))
     assert turns.stop_reason is StopReason.MAX_TURNS
     bad = ToolCall("calculator", {"expr": "1"})
     invalid = expert_trajectory(env, task, [bad, bad, FinalAnswer("1")], codec,
-                                RolloutLimits(max_invalid_calls=2, repeated_call_limit=0))
+                                EpisodeLimits(max_invalid_calls=2, repeated_call_limit=0))
     assert invalid.stop_reason is StopReason.INVALID_CALLS and invalid.num_invalid_calls == 2

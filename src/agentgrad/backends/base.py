@@ -71,7 +71,8 @@ class DecodeSession(Protocol):
 
 @runtime_checkable
 class SessionPolicy(Policy, Protocol):
-    """A Policy that can also decode incrementally. Backends without it still work through `generate`."""
+    """A Policy that can also decode incrementally. Backends without it run through the same rollout scheduler,
+    `generate` seen as a session by `backends/generate_session.py: GenerateSession`."""
 
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
                 max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> ContextManager[DecodeSession]:

@@ -77,8 +77,8 @@ def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBat
 def validation_success(c: Components) -> float:
     """Greedy success on the suite's 'test' split: BC's early-stopping signal, disjoint from held-out eval."""
     cfg = c.config.bc
-    return evaluate(c.policy, c.codec, c.suite, c.limits, num_tasks=cfg.eval_tasks, seed=c.config.run.seed,
-                    split="test", batch_size=c.config.eval.batch_size).success_rate
+    return evaluate(c.policy, c.codec, c.suite, c.limits, c.sampler, num_tasks=cfg.eval_tasks,
+                    seed=c.config.run.seed, split="test", batch_size=c.config.eval.batch_size).success_rate
 
 
 @dataclass

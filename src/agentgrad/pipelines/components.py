@@ -16,7 +16,7 @@ from agentgrad.models.factored_head import FactoredToolHead
 from agentgrad.models.hf import LoadedModel, load_model
 from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import ChatCodec
-from agentgrad.rollout.loop import RolloutLimits
+from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
 from agentgrad.types import Message
 
 
@@ -39,7 +39,8 @@ class Components:
     policy: HFPolicy
     learner: TorchLearner
     reward_fn: RewardFn
-    limits: RolloutLimits
+    limits: EpisodeLimits
+    sampler: SamplerSettings
     hooks: RunHooks | None = None
     tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
 
@@ -52,13 +53,18 @@ def make_suite(config: Config) -> TaskSuite:
     return SUITES.get(config.env.name)(**config.env.options)
 
 
-def rollout_limits(config: Config) -> RolloutLimits:
+def episode_limits(config: Config) -> EpisodeLimits:
     r = config.rollout
-    return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens_per_turn,
+    return EpisodeLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens_per_turn,
                          max_total_tokens=r.max_total_tokens, max_invalid_calls=r.max_invalid_calls,
-                         repeated_call_limit=r.repeated_call_limit, tool_name_mask=r.tool_name_mask,
-                         max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
-                         deterministic_schedule=r.deterministic_schedule, action_head=r.action_head)
+                         repeated_call_limit=r.repeated_call_limit)
+
+
+def sampler_settings(config: Config) -> SamplerSettings:
+    r = config.rollout
+    return SamplerSettings(max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
+                           deterministic_schedule=r.deterministic_schedule, tool_name_mask=r.tool_name_mask,
+                           action_head=r.action_head)
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int) -> list[str]:
@@ -153,4 +159,4 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
                            tool_head=head)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
-                      limits=rollout_limits(config), tool_head=head)
+                      limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head)

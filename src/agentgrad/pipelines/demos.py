@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentgrad.envs.base import close_env
-from agentgrad.rollout.loop import RolloutLimits, expert_trajectory
+from agentgrad.rollout.loop import EpisodeLimits, expert_trajectory
 from agentgrad.types import StopReason, Trajectory
 
 if TYPE_CHECKING:
@@ -67,12 +67,12 @@ class DemoFit:
                 + "; ".join(self.problems))
 
 
-def unlimited(limits: RolloutLimits) -> RolloutLimits:
+def unlimited(limits: EpisodeLimits) -> EpisodeLimits:
     """`limits` with no episode limits: the lengths a demonstration needs, for measuring."""
     return dataclasses.replace(limits, max_turns=10**6, max_new_tokens_per_turn=10**9, max_total_tokens=10**9)
 
 
-def check_demos_fit(demos: list[Trajectory], limits: RolloutLimits, *,
+def check_demos_fit(demos: list[Trajectory], limits: EpisodeLimits, *,
                     max_dropped_share: float = MAX_DROPPED_SHARE) -> DemoFit:
     """Split the demonstrations into those that fit `limits` and those that do not (cut before answering, or with a
     turn longer than rollout.max_new_tokens_per_turn). Raises DemoLimitError, saying which limit to raise, when
@@ -104,7 +104,8 @@ def expert_demos(c: "Components", n: int, seed: int, *, logger: "RunLogger | Non
     tasks = c.suite.sample_tasks(n, split="train", seed=seed)
     env = c.suite.make_env()
     try:
-        demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits) for t in tasks]
+        demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits,
+                                   action_head=c.sampler.action_head) for t in tasks]
     finally:
         close_env(env)
     fit = check_demos_fit(demos, c.limits)

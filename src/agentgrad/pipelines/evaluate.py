@@ -15,7 +15,7 @@ from typing import Sequence
 from agentgrad.backends.base import Policy, SamplingParams
 from agentgrad.envs.base import TaskSuite, close_envs, episode_success
 from agentgrad.rollout.chat import ChatCodec
-from agentgrad.rollout.loop import RolloutLimits, run_episodes
+from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.types import Task
 
 
@@ -78,8 +78,9 @@ def sample_distinct(suite: TaskSuite, n: int, *, split: str, seed: int, oversamp
     return tasks[:n]
 
 
-def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: RolloutLimits, *, num_tasks: int,
-             seed: int, temperature: float = 0.0, batch_size: int = 100, split: str = "heldout") -> EvalResult:
+def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: EpisodeLimits, sampler: SamplerSettings, *,
+             num_tasks: int, seed: int, temperature: float = 0.0, batch_size: int = 100,
+             split: str = "heldout") -> EvalResult:
     tasks = sample_distinct(suite, num_tasks, split=split, seed=seed)
     sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=temperature, seed=seed)
     trajectories = []
@@ -88,7 +89,7 @@ def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: Rollout
         envs = [suite.make_env() for _ in chunk]
         try:
             trajectories += run_episodes(policy, codec, envs, chunk, sampling=sampling, limits=limits,
-                                         seeds=[seed] * len(chunk))
+                                         sampler=sampler, seeds=[seed] * len(chunk))
         finally:
             close_envs(envs)
     wins = sum(episode_success(suite, t) for t in trajectories)

@@ -131,7 +131,8 @@ def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: 
     envs = [make_env(c, step, i) for i in range(len(repeated))]
     try:
         trajectories = run_episodes(c.policy, c.codec, envs, repeated, sampling=sampling, limits=c.limits,
-                                    sample_indices=[i % G for i in range(len(repeated))], policy_version=step)
+                                    sampler=c.sampler, sample_indices=[i % G for i in range(len(repeated))],
+                                    policy_version=step)
     finally:
         close_envs(envs)
     scored = score(trajectories, c.reward_fn, c.suite)

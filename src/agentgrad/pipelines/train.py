@@ -33,7 +33,7 @@ def make_run_dir(config: Config) -> Path:
 
 def held_out(c: Components) -> EvalResult:
     e = c.config.eval
-    return evaluate(c.policy, c.codec, c.suite, c.limits, num_tasks=e.num_tasks, seed=c.config.run.seed,
+    return evaluate(c.policy, c.codec, c.suite, c.limits, c.sampler, num_tasks=e.num_tasks, seed=c.config.run.seed,
                     temperature=e.temperature, batch_size=e.batch_size)
 
 

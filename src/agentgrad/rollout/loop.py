@@ -2,8 +2,13 @@
 
 Each episode repeats: generate until end-of-turn (`begin_turn` records and parses it), step the env with its
 actions (`run_actions`, on a tool thread), append the observation's ids with loss_mask 0 (`end_turn`).
-Malformed calls become error observations and are counted. Episodes do not wait for each other: with an
-incremental policy an episode rejoins generation as soon as its own tools have answered.
+Malformed calls become error observations and are counted. `EpisodeLimits` end an episode; `SamplerSettings`
+say how a batch of them is scheduled.
+
+One scheduler (`run_episodes`) drives every backend through the decode-session protocol
+(`backends/base.py: DecodeSession`): `HFPolicy`'s engine, or a `generate`-only policy through
+`backends/generate_session.py`. Episodes do not wait for each other: an episode rejoins generation as soon as
+its own tools have answered.
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from agentgrad.backends.base import (DecodeSession, Generation, LogitsProcessor, Policy, SamplingParams,
-                                    SessionPolicy)
+from agentgrad.backends.base import DecodeSession, Generation, LogitsProcessor, Policy, SamplingParams, SessionPolicy
+from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
-from agentgrad.rollout.factored import HeadCalls, HeadSpan, ToolHead, expert_spans
+from agentgrad.rollout.factored import HeadCalls, HeadSpan, expert_spans
 from agentgrad.rollout.parser import parse_turn
 from agentgrad.types import (Action, FinalAnswer, HeadDecision, InvalidAction, Message, StopReason, Task, TokenMask,
                              ToolCall, Trajectory, Turn)
@@ -29,13 +34,21 @@ ActionHeadMode = Literal["tokens", "factored"]
 
 
 @dataclass(frozen=True)
-class RolloutLimits:
+class EpisodeLimits:
+    """When one episode stops: what a demonstration must fit and what a rollout enforces."""
+
     max_turns: int = 4
     max_new_tokens_per_turn: int = 64
     max_total_tokens: int = 512
     max_invalid_calls: int = 2  # the episode stops when this many invalid calls have been made
     repeated_call_limit: int = 3  # the same call (tool + arguments) this many times stops the episode
-    max_concurrent_episodes: int = 64  # episodes in flight at once (not a per-episode limit: a sampler setting)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How a batch of episodes is sampled and scheduled; no episode's outcome limit lives here."""
+
+    max_concurrent_episodes: int = 64  # episodes in flight at once (a finished one's slot goes to the next)
     tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
     deterministic_schedule: bool = False  # drain all tool calls after each decode step (timing-independent floats)
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
@@ -84,7 +97,7 @@ def _assistant_message(text: str, actions: Sequence[Action]) -> Message:
     return Message("assistant", text if not calls else text.split("<tool_call>")[0].strip(), tool_calls=calls)
 
 
-def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
+def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: EpisodeLimits,
                token_masks: Sequence[TokenMask] = (), head_spans: Sequence[HeadSpan] = ()) -> list[Action]:
     """Record a generated turn's tokens and parse it. Returns the actions to step (none if the episode ended).
     `token_masks` (positions relative to the turn) are the legal sets its tokens were sampled from;
@@ -116,7 +129,7 @@ def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutL
     return actions
 
 
-def run_actions(ep: _Episode, actions: Sequence[Action], limits: RolloutLimits) -> None:
+def run_actions(ep: _Episode, actions: Sequence[Action]) -> None:
     """Step the env with a turn's actions (the tool calls). Touches only this episode: safe in a worker thread."""
     start, text = ep.turn_start, ep.turn_text
     ep.observations = []
@@ -138,7 +151,7 @@ def run_actions(ep: _Episode, actions: Sequence[Action], limits: RolloutLimits) 
             ep.call_counts[action.key()] += 1
 
 
-def end_turn(ep: _Episode, codec: ChatCodec, limits: RolloutLimits) -> list[int]:
+def end_turn(ep: _Episode, codec: ChatCodec, limits: EpisodeLimits) -> list[int]:
     """Apply the episode limits, then append the observation. Returns the appended ids ([] if it ended)."""
     if ep.done:
         return []
@@ -161,12 +174,12 @@ def end_turn(ep: _Episode, codec: ChatCodec, limits: RolloutLimits) -> list[int]
     return obs_ids
 
 
-def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: RolloutLimits,
+def advance(ep: _Episode, gen: Generation, codec: ChatCodec, limits: EpisodeLimits,
             head_spans: Sequence[HeadSpan] = ()) -> None:
     """Apply one generated turn to an episode: record tokens, step the env, append the observation."""
     actions = begin_turn(ep, gen, codec, limits, head_spans=head_spans)
     if not ep.done:
-        run_actions(ep, actions, limits)
+        run_actions(ep, actions)
         end_turn(ep, codec, limits)
 
 
@@ -179,29 +192,28 @@ def finish_episode(ep: _Episode, policy_version: int = 0) -> Trajectory:
                       head_decisions=tuple(ep.head_decisions), final_info=ep.final_info)
 
 
-def _turn_budget(ep: _Episode, limits: RolloutLimits) -> int:
+def _turn_budget(ep: _Episode, limits: EpisodeLimits) -> int:
     return min(limits.max_new_tokens_per_turn, limits.max_total_tokens - len(ep.token_ids))
 
 
 def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: Sequence[Task], *,
-                 sampling: SamplingParams, limits: RolloutLimits, seeds: Sequence[int | None] | None = None,
-                 sample_indices: Sequence[int] | None = None, policy_version: int = 0,
-                 logits_processor: LogitsProcessor | None = None, max_concurrent: int | None = None,
-                 tool_workers: int | None = None, tool_head: ToolHead | None = None) -> list[Trajectory]:
+                 sampling: SamplingParams, limits: EpisodeLimits, sampler: SamplerSettings = SamplerSettings(),
+                 seeds: Sequence[int | None] | None = None, sample_indices: Sequence[int] | None = None,
+                 policy_version: int = 0, logits_processor: LogitsProcessor | None = None) -> list[Trajectory]:
     """Run one episode per (env, task) pair and return their trajectories in input order.
 
-    Up to `max_concurrent` episodes (default `limits.max_concurrent_episodes`) are in flight; their tool calls
-    run concurrently on a thread pool of `tool_workers` threads (default `limits.tool_workers`, 0 meaning one per
-    episode in flight). With a `SessionPolicy` (e.g. HFPolicy) generation is
-    continuously batched: an episode rejoins the decode batch as soon as its observation arrives, its KV cache
-    kept from the previous turn, so one slow tool never holds the others back. Other policies are stepped in
-    rounds through `generate`. `logits_processor` gets the episode's index in `envs` as its row and the ids of
-    the current turn. With `sampling.seed` set, the tokens do not depend on thread timing: each episode's
+    Up to `sampler.max_concurrent_episodes` episodes are in flight on one decode session (`open_session`: the
+    policy's own, else one over its `generate`); their tool calls run concurrently on a thread pool of
+    `sampler.tool_workers` threads (0: one per episode in flight). An episode rejoins the decode batch as soon
+    as its observation arrives, so one slow tool never holds the others back (a `generate` session waits for
+    every tool after each step instead, as `sampler.deterministic_schedule` does: its rows' randomness depends
+    on who shares the call). `logits_processor` gets the episode's index in `envs` as its row and the ids of the
+    current turn. With `sampling.seed` set, a session's tokens do not depend on thread timing: each episode's
     randomness is keyed by (seed, episode index, token position).
 
-    With `limits.action_head == "factored"`, tool names are chosen by `tool_head` (default: the policy's
-    `tool_head` attribute) at the call position instead of sampled as tokens (rollout/factored.py); this needs a
-    `SessionPolicy`, and the tool-name mask is then on in every state (it closes the chosen name).
+    With `sampler.action_head == "factored"`, tool names are chosen by the policy's `tool_head` at the call
+    position instead of sampled as tokens (rollout/factored.py); this needs a `SessionPolicy` (a turn pauses
+    there), and the tool-name mask is then on in every state (it closes the chosen name).
     """
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks")
@@ -213,27 +225,30 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         if ep.prompt_length >= limits.max_total_tokens:
             ep.stop_reason = StopReason.MAX_TOKENS
     live = [i for i, ep in enumerate(episodes) if not ep.done]
-    calls = _head_calls(policy, codec, sampling, limits, tool_head, len(episodes))
-    masker = episode_masks(codec, "on" if calls is not None else limits.tool_name_mask,
+    calls = _head_calls(policy, codec, sampling, sampler, len(episodes))
+    masker = episode_masks(codec, "on" if calls is not None else sampler.tool_name_mask,
                            [ep.env.legal_actions() for ep in episodes], [ep.offered_tools for ep in episodes])
     processor = _chain(logits_processor, masker)
-    max_concurrent = max_concurrent or limits.max_concurrent_episodes
+    if calls is not None:
+        processor = calls.processor(processor)
     if live:
-        workers = tool_workers or limits.tool_workers or max(1, min(max_concurrent, len(live)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentgrad-tool") as pool:
-            if isinstance(policy, SessionPolicy):
-                _run_continuous(policy, codec, episodes, live, pool, sampling, limits, processor, masker,
-                                max_concurrent, calls)
-            else:
-                _run_rounds(policy, codec, episodes, live, pool, sampling, limits, processor, masker, max_concurrent)
+        capacity = max(1, min(sampler.max_concurrent_episodes, len(live)))
+        turn_sampling = dataclasses.replace(sampling, max_new_tokens=limits.max_new_tokens_per_turn)
+        drain = sampler.deterministic_schedule or not isinstance(policy, SessionPolicy)
+        pause = None if calls is None else calls.pause
+        with (ThreadPoolExecutor(max_workers=sampler.tool_workers or capacity, thread_name_prefix="agentgrad-tool")
+              as pool,
+              open_session(policy, turn_sampling, processor, max_sequences=capacity,
+                           max_tokens=limits.max_total_tokens, pause=pause) as session):
+            _Schedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain).run(live)
     return [finish_episode(ep, policy_version) for ep in episodes]
 
 
-def _head_calls(policy: Policy, codec: ChatCodec, sampling: SamplingParams, limits: RolloutLimits,
-                tool_head: ToolHead | None, num_rows: int) -> HeadCalls | None:
-    if limits.action_head == "tokens":
+def _head_calls(policy: Policy, codec: ChatCodec, sampling: SamplingParams, sampler: SamplerSettings,
+                num_rows: int) -> HeadCalls | None:
+    if sampler.action_head == "tokens":
         return None
-    head = tool_head if tool_head is not None else getattr(policy, "tool_head", None)
+    head = getattr(policy, "tool_head", None)
     if head is None:
         raise ValueError("rollout.action_head=factored needs a tool head (the policy has none)")
     if not isinstance(policy, SessionPolicy):
@@ -248,128 +263,99 @@ def _chain(first: LogitsProcessor | None, then: LogitsProcessor | None) -> Logit
     return lambda row, generated, logits: then(row, generated, first(row, generated, logits))
 
 
-def _start_turn(masker: EpisodeMasks | None, i: int, ep: _Episode, calls: HeadCalls | None = None,
-                budget: int = 0) -> None:
-    if masker is not None:
-        masker.start_turn(i, ep.env.legal_actions())
-    if calls is not None:
-        calls.start_turn(i, ep.env.legal_actions(), budget)
+class _Schedule:
+    """Episodes (keyed by their index) in flight on one decode session, their tool calls on a thread pool.
 
+    An episode is admitted when a slot is free, generates a turn, steps its env on a tool thread, and is
+    resubmitted with its observation, or retired (its slot goes to the next waiting episode). With `drain`,
+    every pending tool call is waited for after each decode step, so which episodes share a step follows the
+    data alone (float-identical logprobs run to run)."""
 
-def _head_turn(calls: HeadCalls, session: DecodeSession, masker: EpisodeMasks | None, i: int, ep: _Episode,
-               gen: Generation) -> tuple[Generation, Sequence[HeadSpan]] | None:
-    """A turn's generation under a factored head: None when the turn goes on (a name was chosen and written
-    in), else the whole turn and its head decisions."""
-    if gen.finish_reason != "pause":
-        return calls.finish(i, gen)
-    ids = calls.decide(i, gen, len(ep.token_ids), masker)
-    if ids is None:
-        return calls.cut(i), ()
-    session.submit(i, ids, calls.remaining(i))
-    return None
+    def __init__(self, session: DecodeSession, pool: ThreadPoolExecutor, codec: ChatCodec, episodes: list[_Episode],
+                 limits: EpisodeLimits, masker: EpisodeMasks | None, calls: HeadCalls | None, capacity: int,
+                 drain: bool) -> None:
+        self.session, self.pool, self.codec, self.episodes, self.limits = session, pool, codec, episodes, limits
+        self.masker, self.calls, self.capacity, self.drain = masker, calls, capacity, drain
+        self.waiting: deque[int] = deque()
+        self.in_tools: dict[Future, int] = {}
+        self.in_flight = 0
 
-
-def _turn_masks(masker: EpisodeMasks | None, i: int) -> list[TokenMask]:
-    return masker.token_masks(i) if masker is not None else []
-
-
-def _run_continuous(policy: SessionPolicy, codec: ChatCodec, episodes: list[_Episode], live: list[int],
-                    pool: ThreadPoolExecutor, sampling: SamplingParams, limits: RolloutLimits,
-                    logits_processor: LogitsProcessor | None, masker: EpisodeMasks | None,
-                    max_concurrent: int, calls: HeadCalls | None = None) -> None:
-    waiting = deque(live)
-    in_tools: dict[Future, int] = {}
-    turn_sampling = dataclasses.replace(sampling, max_new_tokens=limits.max_new_tokens_per_turn)
-    capacity = max(1, min(max_concurrent, len(live)))
-    head_kw = {} if calls is None else {"pause": calls.pause}
-    if calls is not None:
-        logits_processor = calls.processor(logits_processor)
-    with policy.session(turn_sampling, logits_processor, max_sequences=capacity,
-                        max_tokens=limits.max_total_tokens, **head_kw) as session:
-        in_flight = 0
-
-        def admit() -> None:
-            nonlocal in_flight
-            while waiting and in_flight < capacity:
-                i = waiting.popleft()
-                _start_turn(masker, i, episodes[i], calls, _turn_budget(episodes[i], limits))
-                session.submit(i, episodes[i].token_ids, _turn_budget(episodes[i], limits))
-                in_flight += 1
-
-        def retire(i: int) -> None:
-            nonlocal in_flight
-            session.release(i)
-            in_flight -= 1
-            admit()
-
-        admit()
-        while in_flight:
-            if session.has_work:
-                for i, gen in session.step():
-                    spans: Sequence[HeadSpan] = ()
-                    if calls is not None:
-                        whole = _head_turn(calls, session, masker, i, episodes[i], gen)
-                        if whole is None:
-                            continue
-                        gen, spans = whole
-                    actions = begin_turn(episodes[i], gen, codec, limits, _turn_masks(masker, i), spans)
-                    if episodes[i].done:
-                        retire(i)
-                    else:
-                        in_tools[pool.submit(run_actions, episodes[i], actions, limits)] = i
-                if limits.deterministic_schedule:
-                    # Batch composition then follows the data alone: float-identical logprobs run to run.
-                    wait(list(in_tools))
-                    ready = list(in_tools)
+    def run(self, live: list[int]) -> None:
+        self.waiting.extend(live)
+        self._admit()
+        while self.in_flight:
+            if self.session.has_work:
+                for i, gen in self.session.step():
+                    self._generated(i, gen)
+                if self.drain:
+                    wait(list(self.in_tools))
+                    ready = list(self.in_tools)
                 else:
-                    ready = [f for f in in_tools if f.done()]
+                    ready = [f for f in self.in_tools if f.done()]
             else:  # nothing to decode: sleep until a tool returns
-                assert in_tools, "an episode in flight is neither generating nor waiting on a tool"
-                ready = list(wait(in_tools, return_when=FIRST_COMPLETED).done)
-            for f in sorted(ready, key=in_tools.__getitem__):
-                i = in_tools.pop(f)
+                assert self.in_tools, "an episode in flight is neither generating nor waiting on a tool"
+                ready = list(wait(self.in_tools, return_when=FIRST_COMPLETED).done)
+            for f in sorted(ready, key=self.in_tools.__getitem__):
+                i = self.in_tools.pop(f)
                 f.result()
-                obs_ids = end_turn(episodes[i], codec, limits)
-                if episodes[i].done:
-                    retire(i)
+                obs_ids = end_turn(self.episodes[i], self.codec, self.limits)
+                if self.episodes[i].done:
+                    self._retire(i)
                 else:
-                    _start_turn(masker, i, episodes[i], calls, _turn_budget(episodes[i], limits))
-                    session.submit(i, obs_ids, _turn_budget(episodes[i], limits))
+                    self._submit_turn(i, obs_ids)
 
+    def _submit_turn(self, i: int, new_ids: Sequence[int]) -> None:
+        ep, budget = self.episodes[i], _turn_budget(self.episodes[i], self.limits)
+        if self.masker is not None:
+            self.masker.start_turn(i, ep.env.legal_actions())
+        if self.calls is not None:
+            self.calls.start_turn(i, ep.env.legal_actions(), budget)
+        self.session.submit(i, new_ids, budget)
 
-def _run_rounds(policy: Policy, codec: ChatCodec, episodes: list[_Episode], live: list[int],
-                pool: ThreadPoolExecutor, sampling: SamplingParams, limits: RolloutLimits,
-                logits_processor: LogitsProcessor | None, masker: EpisodeMasks | None, max_concurrent: int) -> None:
-    """Every active episode advances one turn per round through `Policy.generate`; tools run concurrently."""
-    for chunk_start in range(0, len(live), max_concurrent):
-        chunk = live[chunk_start:chunk_start + max_concurrent]
-        round_index = 0
-        while active := [i for i in chunk if not episodes[i].done]:
-            turn_sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn,
-                                           temperature=sampling.temperature, top_p=sampling.top_p,
-                                           seed=None if sampling.seed is None else sampling.seed + round_index)
-            for i in active:
-                _start_turn(masker, i, episodes[i])
-            # `generate` numbers its rows 0..len(active)-1; processors see the episode's index, as documented.
-            row_processor = None if logits_processor is None else (
-                lambda row, generated, logits: logits_processor(active[row], generated, logits))
-            generations = policy.generate([episodes[i].token_ids for i in active], turn_sampling, row_processor)
-            acting = []
-            for i, gen in zip(active, generations):
-                ep = episodes[i]
-                actions = begin_turn(ep, gen, codec, limits, _turn_masks(masker, i))
-                if not ep.done:
-                    acting.append((ep, pool.submit(run_actions, ep, actions, limits)))
-            for ep, future in acting:
-                future.result()
-                end_turn(ep, codec, limits)
-            round_index += 1
+    def _admit(self) -> None:
+        while self.waiting and self.in_flight < self.capacity:
+            i = self.waiting.popleft()
+            self._submit_turn(i, self.episodes[i].token_ids)
+            self.in_flight += 1
+
+    def _retire(self, i: int) -> None:
+        self.session.release(i)
+        self.in_flight -= 1
+        self._admit()
+
+    def _generated(self, i: int, gen: Generation) -> None:
+        """A finished (or, under a factored head, paused) turn: record it, then retire or step its env."""
+        ep, spans = self.episodes[i], ()
+        if self.calls is not None:
+            whole = self._head_turn(i, gen)
+            if whole is None:
+                return
+            gen, spans = whole
+        masks = self.masker.token_masks(i) if self.masker is not None else []
+        actions = begin_turn(ep, gen, self.codec, self.limits, masks, spans)
+        if ep.done:
+            self._retire(i)
+        else:
+            self.in_tools[self.pool.submit(run_actions, ep, actions)] = i
+
+    def _head_turn(self, i: int, gen: Generation) -> tuple[Generation, Sequence[HeadSpan]] | None:
+        """A turn's generation under a factored head: None when the turn goes on (a name was chosen and written
+        in), else the whole turn and its head decisions."""
+        calls = self.calls
+        assert calls is not None
+        if gen.finish_reason != "pause":
+            return calls.finish(i, gen)
+        ids = calls.decide(i, gen, len(self.episodes[i].token_ids), self.masker)
+        if ids is None:
+            return calls.cut(i), ()
+        self.session.submit(i, ids, calls.remaining(i))
+        return None
 
 
 def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: ChatCodec,
-                      limits: RolloutLimits) -> Trajectory:
+                      limits: EpisodeLimits, *, action_head: ActionHeadMode = "tokens") -> Trajectory:
     """A demonstration encoded through the very path a rollout takes (same template, same observation ids).
-    Under `limits.action_head == "factored"` each call's name is recorded as a head decision (loss_mask 0)."""
+    Under `action_head="factored"` each call's name is recorded as a head decision (loss_mask 0)."""
     ep = start_episode(env, task, codec, seed=0)
     for action in actions:
         if ep.done:
@@ -382,7 +368,7 @@ def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: Ch
             raise ValueError("expert actions must be ToolCall or FinalAnswer")
         ids = codec.assistant_ids(msg)
         spans = (expert_spans(codec, ids, action if isinstance(action, ToolCall) else None, env.legal_actions().tools)
-                 if limits.action_head == "factored" else ())
+                 if action_head == "factored" else ())
         advance(ep, Generation(tuple(ids), (0.0,) * len(ids), "stop"), codec, limits, spans)
     if not ep.done:
         raise ValueError(f"expert actions for {task.task_id} did not finish the episode")
