@@ -138,8 +138,9 @@ class Stage(Generic[S]):
 Advance = Callable[[ScheduleState, Mapping[str, float], bool], ScheduleState]
 """(position, the step's metrics, the stage's own rule says stop) -> the position after the step."""
 Save = Callable[[Components, RunState, int], None]
-"""(c, run state, number of steps done: the last step number) -> None. Called after every step; decides
-itself whether a checkpoint is due."""
+"""(c, run state, the number of the step just done) -> None: called by `run_stage` after every step and by
+`run_schedule` at every stage end (then `run.stage` is None and the number is the global step); it decides
+itself whether a checkpoint is due (`resume.RunCheckpointer`)."""
 
 
 def no_save(c: Components, run: RunState, step: int) -> None:
