@@ -45,7 +45,8 @@ OFFLINE = [
     *SHAPE, "env.name=resume_helpers:EvenAnswerArithmetic", "rollout.max_new_tokens_per_turn=200",
     "schedule.stages=[{algo: bc, steps: 6}, {algo: rest, steps: 2}, {algo: dpo, steps: 2}]",
     "bc.stop_at_success=1.0", "bc.eval_every=2", "bc.eval_tasks=4",
-    "rest.tasks_per_iteration=2", "rest.threshold_start=0.3", "rest.samples_per_task=2", "rest.sft_steps=2", "rest.batch_size_episodes=4",
+    "rest.tasks_per_iteration=2", "rest.threshold_start=0.3", "rest.samples_per_task=2", "rest.sft_steps=2",
+    "rest.batch_size_episodes=4",
     "dpo.tasks_per_iteration=2", "dpo.samples_per_task=8", "dpo.epochs=1", "dpo.batch_size_pairs=4",
 ]
 # (kill point, step it fires at): rollout/update/store take the step number of the stage they are in (RL, ReST
