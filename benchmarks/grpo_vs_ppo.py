@@ -35,6 +35,7 @@ from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.bc import bc_step, expert_demos
 from agentgrad.pipelines.components import Components, build_components
 from agentgrad.pipelines.evaluate import evaluate
+from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
@@ -137,7 +138,7 @@ def run_one(start: Start, algo: str, seed: int, budget_tokens: int, out: Path) -
         return tokens[-1] >= budget_tokens
 
     t0 = time.perf_counter()
-    STAGES.get(algo)(c, RunLogger([], ProgressDisplay(enabled=False)), None, on_step, 0)
+    run_alone(algo, STAGES.get(algo), c, RunLogger([], ProgressDisplay(enabled=False)), on_step=on_step)
     return RunResult(start.target, start.heldout, algo, seed, len(tokens), tokens[-1], heldout(c),
                      statistics.fmean(zero_signal), success, tokens, round(time.perf_counter() - t0, 1))
 

@@ -304,7 +304,7 @@ class RunConfig(_Section):
     seed: int = Field(0, description="Seed for tasks, model init and sampling.")
     threads: int = Field(1, ge=1, description="torch CPU threads (1: results do not depend on machine load).")
     log_every: int = Field(1, gt=0, description="Steps between metric records.")
-    checkpoint_every: int = Field(0, ge=0, description="RL steps between resumable run-state checkpoints "
+    checkpoint_every: int = Field(0, ge=0, description="Steps (of any stage) between resumable run-state checkpoints "
                                   "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")
     progress: bool = Field(True, description="Show the live progress display.")
     slow_step_warn_s: float | None = Field(60.0, gt=0, description="Warn (once per stage) when an RL step takes "

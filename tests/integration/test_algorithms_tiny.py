@@ -11,6 +11,7 @@ import pytest
 from agentgrad.config import build_config
 from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import build_components
+from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
 from agentgrad.pipelines.train import held_out, train
 
@@ -64,7 +65,7 @@ def test_algorithm_raises_heldout_success_from_bc(bc_start, algo, tmp_path):
                                      *ALGOS[algo]])
     c = build_components(config, tmp_path)
     sink = _Sink()
-    STAGES.get(algo)(c, RunLogger([sink], ProgressDisplay(enabled=False)), None, None, 0)
+    run_alone(algo, STAGES.get(algo), c, RunLogger([sink], ProgressDisplay(enabled=False)))
     assert_lift(algo, start, held_out(c).to_dict(), min_points=MIN_LIFT)
     if algo == "ppo":  # the adaptive coefficient is logged every step and moves
         coefs = [m["train/kl_coef"] for m in sink.records]

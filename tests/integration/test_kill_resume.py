@@ -20,23 +20,45 @@ from agentgrad.pipelines.train import train
 HERE = Path(__file__).parent
 SRC = HERE.parents[1] / "src"
 
-# A deliberately tiny, fast run that still exercises every piece of state: BC, PPO updates with signal
-# (token_parity_reward) and a critic, an adaptive KL controller and its frozen reference, replay mixing with IS
-# correction, injected tool faults, a checkpoint after every step.
-TINY = [
+SHAPE = [
     "env.options={min_operands: 2, max_operands: 2, min_digits: 2, max_digits: 2, operators: '+', result_digits: 2}",
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
     "model.tiny.intermediate_size=64", "model.tiny.tokenizer_corpus_episodes=50",
-    "bc.steps=3", "bc.stop_at_success=null", "bc.num_demos=16", "bc.batch_size_episodes=8",
-    "algo.steps=4", "algo.tasks_per_step=2", "algo.group_size=2", "algo.epochs_per_step=2",
-    "algo.minibatch_size_episodes=4", "rollout.max_new_tokens_per_turn=32", "rollout.max_turns=2",
+    "bc.num_demos=16", "bc.batch_size_episodes=8", "rollout.max_new_tokens_per_turn=32", "rollout.max_turns=2",
     "eval.num_tasks=4", "run.threads=1", "run.checkpoint_every=1", "run.progress=false",
-    "replay.enabled=true", "replay.offline_fraction=0.5", "faults.inject_tool_failure_rate=0.3",
-    "reward.name=resume_helpers:token_parity_reward", "algo=ppo", "algo.kl_coef=0.05", "algo.kl_controller=adaptive",
+    "reward.name=resume_helpers:token_parity_reward",
 ]
-# (kill point, step it fires at): rollout/update/store take the RL step index, the checkpoint points the
-# number of steps completed. Each kill is followed by `agentgrad train --resume`.
-KILLS = ["rollout:1", "update:1", "store:1", "checkpoint:2", "checkpoint_pointer:2", "after_checkpoint:3"]
+# A deliberately tiny, fast run that still exercises every piece of RL state: BC, PPO updates with signal
+# (token_parity_reward) and a critic, an adaptive KL controller and its frozen reference, replay mixing with IS
+# correction, injected tool faults, a checkpoint after every step.
+TINY = [
+    *SHAPE, "bc.steps=3", "bc.stop_at_success=null",
+    "algo.steps=4", "algo.tasks_per_step=2", "algo.group_size=2", "algo.epochs_per_step=2",
+    "algo.minibatch_size_episodes=4", "replay.enabled=true", "replay.offline_fraction=0.5",
+    "faults.inject_tool_failure_rate=0.3", "algo=ppo", "algo.kl_coef=0.05", "algo.kl_controller=adaptive",
+]
+# bc, then ReST, then DPO, on a suite whose verifier passes any answer of even length (so an untrained model that
+# ends a turn succeeds now and then, and DPO has pairs): BC's sampler and stop rule (a target it cannot reach, so
+# it checks every 2 steps and hands on the weights of its best check at its end), ReST's sampler and rising
+# threshold, DPO's frozen reference and sampler.
+OFFLINE = [
+    *SHAPE, "env.name=resume_helpers:EvenAnswerArithmetic", "rollout.max_new_tokens_per_turn=200",
+    "schedule.stages=[{algo: bc, steps: 6}, {algo: rest, steps: 2}, {algo: dpo, steps: 2}]",
+    "bc.stop_at_success=1.0", "bc.eval_every=2", "bc.eval_tasks=4",
+    "rest.tasks_per_iteration=2", "rest.threshold_start=0.3", "rest.samples_per_task=2", "rest.sft_steps=2",
+    "rest.batch_size_episodes=4",
+    "dpo.tasks_per_iteration=2", "dpo.samples_per_task=8", "dpo.epochs=1", "dpo.batch_size_pairs=4",
+]
+# (kill point, step it fires at): rollout/update/store take the step number of the stage they are in (RL, ReST
+# and DPO count on from one stage to the next; BC counts its own), the checkpoint points the number of steps
+# done. A kill fires at the first point that matches, and each is followed by `agentgrad train --resume`.
+SCENARIOS = {
+    "ppo": (TINY, ["rollout:1", "update:1", "store:1", "checkpoint:2", "checkpoint_pointer:2", "after_checkpoint:3"]),
+    # BC: in its 5th step's update, in its 5th step's checkpoint (renamed, LATEST not moved), right after its
+    # last step's checkpoint (resumed: BC's end and the switch to ReST are still to do); ReST: between Grow and
+    # Improve of its 2nd iteration (step 1); DPO: in the first update of its 2nd iteration (step 3).
+    "bc-rest-dpo": (OFFLINE, ["update:4", "checkpoint_pointer:5", "after_checkpoint:6", "rollout:1", "update:3"]),
+}
 VOLATILE = ("time", "perf/")
 
 
@@ -46,7 +68,7 @@ def agentgrad(args: list[str], kill_at: str | None = None) -> subprocess.Complet
     if kill_at:
         env["AGENTGRAD_KILL_AT"] = kill_at
     return subprocess.run([sys.executable, "-m", "agentgrad.cli", "train", *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=600)
 
 
 def stable_metrics(run_dir: Path) -> list[dict]:
@@ -60,16 +82,18 @@ def _importable_reward(monkeypatch):
 
 
 @pytest.mark.slow
-def test_kill_9_at_six_points_then_resume_matches_an_uninterrupted_run(tmp_path):
-    config = build_config(overrides=TINY)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_kill_9_at_named_points_then_resume_matches_an_uninterrupted_run(tmp_path, scenario):
+    overrides, kills = SCENARIOS[scenario]
+    config = build_config(overrides=overrides)
     model = build_tiny_model_dir(config, make_suite(config), tmp_path / "base-model")
-    common = [*TINY, f"model.path={model}", f"run.output_dir={tmp_path}"]
+    common = [*overrides, f"model.path={model}", f"run.output_dir={tmp_path}"]
 
     threads = torch.get_num_threads()
     train(build_config(overrides=[*common, "run.name=ref"]))  # in-process: one interpreter start less
 
     run_dir = tmp_path / "killed"
-    for i, point in enumerate(KILLS):
+    for i, point in enumerate(kills):
         args = [*common, "run.name=killed"] if i == 0 else ["--resume", str(run_dir)]
         proc = agentgrad(args, kill_at=point)
         assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
@@ -83,9 +107,16 @@ def test_kill_9_at_six_points_then_resume_matches_an_uninterrupted_run(tmp_path)
     assert killed_store == ref_store
     from safetensors.torch import load_file
 
-    a = load_file(run_dir / "checkpoints" / "final" / "model.safetensors")
-    b = load_file(tmp_path / "ref" / "checkpoints" / "final" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for tag in ("bc", "final"):
+        a = load_file(run_dir / "checkpoints" / tag / "model.safetensors")
+        b = load_file(tmp_path / "ref" / "checkpoints" / tag / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), tag
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed"] and summary["final_success_rate"] == json.loads(
         (tmp_path / "ref" / "summary.json").read_text())["final_success_rate"]
+    if scenario == "bc-rest-dpo":  # the run is the one the comments above describe
+        rows = [json.loads(line) for line in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
+        by_stage = {stage: {r["step"]: r for r in rows if r["stage"] == stage} for stage in ("bc", "rest", "dpo")}
+        assert [s for s, r in by_stage["bc"].items() if "eval/bc_validation_success" in r] == [2, 4, 6]
+        assert all(r["rest/kept_fraction"] > 0 for r in by_stage["rest"].values())
+        assert by_stage["dpo"][4]["train/updates"] > 0  # the iteration killed in its update

@@ -329,8 +329,12 @@ def test_a_game_log_ends_with_the_envs_own_termination(game, codec, tmp_path):
 
 
 def test_a_slow_rl_step_warns_once_per_stage():
+    import dataclasses
+    from types import SimpleNamespace
+
     from agentgrad.logging import ProgressDisplay, RunLogger
-    from agentgrad.pipelines.rl import run_steps
+    from agentgrad.pipelines.rl import ONLINE_STAGE
+    from agentgrad.pipelines.run_state import run_alone
 
     class Display(ProgressDisplay):
         def __init__(self):
@@ -342,8 +346,9 @@ def test_a_slow_rl_step_warns_once_per_stage():
 
     display = Display()
     steps = iter([5.0, 80.0, 90.0])
-    run_steps(RunLogger([], display), "grpo", 3, lambda step: {"perf/step_s": next(steps)}, on_step=None,
-              first_step=0, warn_step_s=60.0)
+    stage = dataclasses.replace(ONLINE_STAGE, step=lambda c, logger, store, state, step: {"perf/step_s": next(steps)})
+    c = SimpleNamespace(config=build_config(overrides=["algo.steps=3"]))
+    run_alone("grpo", stage, c, RunLogger([], display), state=object())
     assert len(display.printed) == 1 and "grpo step 2 took 80 s" in display.printed[0]
     assert "algo.tasks_per_step" in display.printed[0]
     assert build_config().run.slow_step_warn_s == 60.0

@@ -6,33 +6,38 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import TokenBatch, collate, collate_head
+from agentgrad.data.store import TrajectoryStore
+from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.demos import DemoLimitError, check_demos_fit, expert_demos  # noqa: F401 (their old home)
 from agentgrad.pipelines.evaluate import evaluate
+from agentgrad.pipelines.run_state import ScheduleState, Stage, StepHook, run_alone
 from agentgrad.types import Trajectory
 
 
-def bc_demos(c: Components, logger: RunLogger) -> list[Trajectory]:
-    """What BC clones: the logged trajectories of bc.demos, or bc.num_demos episodes of the suite's expert."""
+def bc_demos(c: Components, logger: RunLogger, *, announce: bool = True) -> list[Trajectory]:
+    """What BC clones: the logged trajectories of bc.demos, or bc.num_demos episodes of the suite's expert.
+    `announce`: log their counts (a resumed BC stage did when it started)."""
     cfg = c.config.bc
     if cfg.demos is None:
-        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1, logger=logger)
+        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1, logger=logger if announce else None)
     from agentgrad.pipelines.data import DemoLoadError, read_demos, suite_tools
 
     if c.tool_head is not None:
         raise DemoLoadError("bc.demos with rollout.action_head=factored is not supported (logs hold no head "
                             "decisions); use the suite's expert")
     log = read_demos(cfg.demos, c.codec, suite_tools(c.suite)[0])
-    logger.display.print(log.summary(cfg.demos))
-    logger.log(0, "bc_demos", log.metrics())
+    if announce:
+        logger.display.print(log.summary(cfg.demos))
+        logger.log(0, "bc_demos", log.metrics())
     return list(check_demos_fit(list(log.demos), c.limits).kept)
 
 
@@ -60,6 +65,7 @@ def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: in
         token_loss, head_loss = bc_losses_with_head(c, picked, batch)
         metrics = c.learner.step(token_loss + cfg.head_loss_coef * head_loss)
         head = {"loss/bc_head": head_loss.item()}
+    kill_point("update", step)
     return {"loss/bc": token_loss.item(), **head, "train/lr": lr, "perf/policy_tokens": float(batch.num_policy_tokens),
             **metrics}
 
@@ -111,6 +117,15 @@ class StopRule:
         return stop
 
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"checks": list(self.checks), "best": self.best, "best_step": self.best_step,
+                "best_state": self.best_state}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self.checks = list(saved["checks"])
+        self.best, self.best_step, self.best_state = saved["best"], saved["best_step"], saved["best_state"]
+
+
 def _warn_if_stalled(c: Components, logger: RunLogger, rule: StopRule, step: int, warned: bool) -> bool:
     """Say so at half the budget when BC is nowhere near its target, instead of only after the whole budget."""
     cfg = c.config.bc
@@ -122,41 +137,66 @@ def _warn_if_stalled(c: Components, logger: RunLogger, rule: StopRule, step: int
     return True
 
 
-def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None,
-           on_step: Callable[[int, Mapping[str, float]], bool] | None = None) -> int:
-    """Returns the number of BC steps taken (fewer than bc.steps when stop_at_success was reached, or when
-    `on_step(step, metrics)`, a schedule's switch condition, returned True)."""
+@dataclass
+class BCState:
+    """What BC keeps across its steps: the demos (rebuilt, not saved: they follow from the config), the sampler
+    of its minibatches, and the stop rule with its checks and best weights."""
+
+    demos: list[Trajectory]
+    rng: random.Random
+    rule: StopRule | None
+    warned: bool = False
+    reached: bool = False
+    """The stop rule said stop at the last check."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "rule": self.rule.state_dict() if self.rule is not None else None,
+                "warned": self.warned, "reached": self.reached}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self.rng.setstate(saved["rng"])
+        if self.rule is not None:
+            self.rule.load_state_dict(saved["rule"])
+        self.warned, self.reached = saved["warned"], saved["reached"]
+
+
+def start_bc(c: Components, logger: RunLogger, first_step: int = 0, saved: Mapping[str, Any] | None = None, *,
+             demos: list[Trajectory] | None = None) -> BCState:
     cfg = c.config.bc
-    if cfg.steps == 0:
-        return 0
-    demos = demos if demos is not None else bc_demos(c, logger)
-    rng = random.Random(c.config.run.seed)
+    demos = demos if demos is not None else bc_demos(c, logger, announce=saved is None)
     rule = StopRule(cfg.stop_at_success, cfg.stop_window) if cfg.stop_at_success is not None else None
-    warned = False
-    logger.display.start("bc", cfg.steps)
-    for step in range(cfg.steps):
-        near = rule is not None and rule.best > 0  # the phase change has begun: check every step, slow down
-        t0 = time.perf_counter()
-        metrics = bc_step(c, demos, rng, step, lr_scale=cfg.lr_scale_near_target if near else 1.0)
-        metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
-        reached = False
-        every = 1 if near else cfg.eval_every
-        if rule is not None and (step + 1) % every == 0:
-            metrics["eval/bc_validation_success"] = validation_success(c)
-            reached = rule.observe(metrics["eval/bc_validation_success"], step + 1, c.loaded.model, cfg.keep_best)
-            metrics["eval/bc_validation_smoothed"] = rule.smoothed
-            warned = _warn_if_stalled(c, logger, rule, step + 1, warned)
-        reached = (on_step is not None and on_step(step + 1, metrics)) or reached
-        if reached or (step + 1) % c.config.run.log_every == 0 or step + 1 == cfg.steps:
-            logger.log(step + 1, "bc", metrics)
-        if reached:
-            if "eval/bc_validation_success" in metrics:
-                logger.display.print(f"BC stopped at step {step + 1}: validation success "
-                                     f"{metrics['eval/bc_validation_smoothed']:.0%} (mean of the last "
-                                     f"{min(cfg.stop_window, len(rule.checks))} checks)")
-            logger.display.stop()
-            return step + 1
-    logger.display.stop()
+    state = BCState(demos, random.Random(c.config.run.seed), rule)
+    if saved is not None:
+        state.load_state_dict(saved)
+    return state
+
+
+def bc_iteration(c: Components, logger: RunLogger, store: TrajectoryStore | None, state: BCState,
+                 step: int) -> dict[str, float]:
+    """One BC step, then (every bc.eval_every steps, or every step once the phase change has begun) a validation
+    check for the stop rule."""
+    cfg = c.config.bc
+    rule = state.rule
+    near = rule is not None and rule.best > 0  # the phase change has begun: check every step, slow down
+    t0 = time.perf_counter()
+    metrics = bc_step(c, state.demos, state.rng, step, lr_scale=cfg.lr_scale_near_target if near else 1.0)
+    metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
+    if rule is not None and (step + 1) % (1 if near else cfg.eval_every) == 0:
+        metrics["eval/bc_validation_success"] = validation_success(c)
+        state.reached = rule.observe(metrics["eval/bc_validation_success"], step + 1, c.loaded.model, cfg.keep_best)
+        metrics["eval/bc_validation_smoothed"] = rule.smoothed
+        state.warned = _warn_if_stalled(c, logger, rule, step + 1, state.warned)
+    return metrics
+
+
+def finish_bc(c: Components, logger: RunLogger, state: BCState, position: ScheduleState) -> None:
+    cfg = c.config.bc
+    rule = state.rule
+    if position.stopped:
+        if rule is not None and rule.checks:
+            logger.display.print(f"BC stopped at step {position.stage_step}: validation success {rule.smoothed:.0%} "
+                                 f"(mean of the last {min(cfg.stop_window, len(rule.checks))} checks)")
+        return
     if rule is not None:
         # Not an error (RL may still work), but the run's premise failed: say so where the user looks.
         kept = ""
@@ -166,4 +206,15 @@ def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None =
         logger.display.print(f"warning: BC used all {cfg.steps} steps without reaching validation success "
                              f"{cfg.stop_at_success:.0%}{kept} (raise bc.steps, or see docs/learning.md on BC's "
                              f"plateau)")
-    return cfg.steps
+
+
+BC_STAGE: Stage[BCState] = Stage(budget=lambda config: config.bc.steps, start=start_bc, step=bc_iteration,
+                                 finish=finish_bc, stops=lambda state: state.reached, numbered=False)
+
+
+def run_bc(c: Components, logger: RunLogger, *, demos: list[Trajectory] | None = None,
+           on_step: StepHook | None = None) -> int:
+    """BC alone (no schedule, no checkpoints). Returns the number of BC steps taken (fewer than bc.steps when
+    stop_at_success was reached, or when `on_step(step, metrics)` returned True)."""
+    state = start_bc(c, logger, demos=demos) if c.config.bc.steps else None
+    return run_alone("bc", BC_STAGE, c, logger, on_step=on_step, state=state)

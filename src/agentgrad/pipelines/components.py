@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import torch
 
@@ -20,16 +19,6 @@ from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
 from agentgrad.types import Message
 
 
-class RunHooks(Protocol):
-    """Run-level services the RL loop calls without knowing the run directory (see pipelines/resume.py)."""
-
-    def restore_rl(self, state: Any) -> None:
-        """A resumed run: load the saved RL state into the fresh `state` (once)."""
-
-    def after_rl_step(self, c: "Components", state: Any, global_step: int) -> None:
-        """After a step is logged: write a run-state checkpoint when one is due."""
-
-
 @dataclass
 class Components:
     config: Config
@@ -41,7 +30,6 @@ class Components:
     reward_fn: RewardFn
     limits: EpisodeLimits
     sampler: SamplerSettings
-    hooks: RunHooks | None = None
     tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
 
     @property

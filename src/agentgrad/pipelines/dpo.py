@@ -15,7 +15,8 @@ import copy
 import random
 import time
 from collections import Counter
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -24,9 +25,11 @@ from agentgrad.backends.scoring import Scoring
 from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import preference_pairs
 from agentgrad.data.store import TrajectoryStore
+from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
-from agentgrad.pipelines.rl import StepHook, rl_tasks, rollout_groups, rollout_metrics, run_steps
+from agentgrad.pipelines.rl import rl_tasks, rollout_groups, rollout_metrics
+from agentgrad.pipelines.run_state import Stage
 from agentgrad.types import ScoredTrajectory
 
 
@@ -45,7 +48,7 @@ def frozen_sequence_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch
 
 
 def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chosen: torch.Tensor,
-               ref_rejected: torch.Tensor, rng: random.Random) -> dict[str, float]:
+               ref_rejected: torch.Tensor, rng: random.Random, step: int = 0) -> dict[str, float]:
     cfg = c.config.dpo
     totals: Counter = Counter()
     n_updates = 0
@@ -61,6 +64,7 @@ def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chos
                            ref_chosen[rows], ref_rejected[rows], beta=cfg.beta, label_smoothing=cfg.label_smoothing)
             nll = sft_loss(chosen_logprobs, w.loss_mask)
             totals.update(c.learner.step(out.loss + cfg.nll_coef * nll))
+            kill_point("update", step)
             totals.update({"loss/dpo": out.loss.item(), "loss/dpo_nll": nll.item(),
                            "dpo/reward_margin": out.reward_margin.item(),
                            "dpo/reward_accuracy": out.reward_accuracy.item()})
@@ -68,31 +72,50 @@ def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chos
     return {k: v / n_updates for k, v in totals.items()} | {"train/updates": float(n_updates)}
 
 
-def dpo_step(c: Components, step: int, reference: torch.nn.Module, rng: random.Random,
-             store: TrajectoryStore | None) -> dict[str, float]:
+@dataclass
+class DPOState:
+    reference: torch.nn.Module
+    """The policy frozen as the stage started."""
+    rng: random.Random
+    """Shuffles the pairs."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference.state_dict(), "rng": self.rng.getstate()}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self.reference.load_state_dict(saved["reference"])
+        self.rng.setstate(saved["rng"])
+
+
+def start_dpo(c: Components, logger: RunLogger, first_step: int, saved: Mapping[str, Any] | None) -> DPOState:
+    state = DPOState(copy.deepcopy(c.loaded.model).eval().requires_grad_(False),
+                     random.Random(c.config.run.seed + first_step))
+    c.learner.set_lr(c.config.dpo.lr)
+    if saved is not None:
+        state.load_state_dict(saved)
+    return state
+
+
+def dpo_step(c: Components, logger: RunLogger, store: TrajectoryStore | None, state: DPOState,
+             step: int) -> dict[str, float]:
     cfg = c.config.dpo
     t0 = time.perf_counter()
     groups = rollout_groups(c, rl_tasks(c, step, n=cfg.tasks_per_iteration), step, group_size=cfg.samples_per_task)
+    kill_point("rollout", step)
     if store is not None:
         store.append([s for g in groups for s in g.samples], step=step, stage="dpo")
     pairs = preference_pairs(groups)
     metrics = rollout_metrics(groups) | {"dpo/pairs": float(len(pairs))}
     if pairs:
         chosen, rejected = pair_batches(c, pairs)
-        ref_chosen = frozen_sequence_logprobs(reference, chosen)  # (N,)
-        ref_rejected = frozen_sequence_logprobs(reference, rejected)  # (N,)
-        metrics |= dpo_update(c, chosen, rejected, ref_chosen, ref_rejected, rng)
+        ref_chosen = frozen_sequence_logprobs(state.reference, chosen)  # (N,)
+        ref_rejected = frozen_sequence_logprobs(state.reference, rejected)  # (N,)
+        metrics |= dpo_update(c, chosen, rejected, ref_chosen, ref_rejected, state.rng, step)
     else:
         metrics["train/updates"] = 0.0
     return metrics | {"perf/step_s": time.perf_counter() - t0}
 
 
-def run_dpo(c: Components, logger: RunLogger, store: TrajectoryStore | None = None, *,
-            on_step: StepHook | None = None, first_step: int = 0) -> int:
-    """`dpo.iterations` rollout/train iterations; returns the iterations run (fewer if `on_step` says stop)."""
-    cfg = c.config.dpo
-    reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
-    c.learner.set_lr(cfg.lr)
-    rng = random.Random(c.config.run.seed + first_step)
-    return run_steps(logger, "dpo", cfg.iterations, lambda step: dpo_step(c, step, reference, rng, store),
-                     on_step=on_step, first_step=first_step)
+DPO_STAGE: Stage[DPOState] = Stage(budget=lambda config: config.dpo.iterations, start=start_dpo, step=dpo_step,
+                                   log_every_step=True)
+"""`dpo.iterations` rollout/train iterations against the policy frozen at stage start."""

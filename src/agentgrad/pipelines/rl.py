@@ -12,7 +12,7 @@ import copy
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -36,6 +36,7 @@ from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.faults import NonFiniteGuard, fault_metrics, mask_tool_faults
 from agentgrad.pipelines.replay import (add_fresh, build_replay, off_policy_correction, plan_step, sample_replay,
                                         update_success_ema)
+from agentgrad.pipelines.run_state import Stage, StepHook, run_alone
 from agentgrad.registry import Registry
 from agentgrad.rewards.base import score
 from agentgrad.rollout.loop import run_episodes
@@ -57,10 +58,6 @@ ONLINE_ALGORITHMS.add("grpo", OnlineAlgorithm("grpo"))  # Shao et al. 2024; Dr.G
 ONLINE_ALGORITHMS.add("rloo", OnlineAlgorithm("rloo"))  # Ahmadian et al. 2024
 ONLINE_ALGORITHMS.add("reinforce_pp", OnlineAlgorithm("reinforce_pp"))  # Hu 2025
 ONLINE_ALGORITHMS.add("ppo", OnlineAlgorithm("gae", uses_critic=True))  # Schulman et al. 2017, Ziegler et al. 2019
-
-
-StepHook = Callable[[int, Mapping[str, float]], bool]
-"""(global step number, the step's metrics) -> True to end the stage after this step."""
 
 
 @dataclass
@@ -95,7 +92,8 @@ class RLState:
         self.nonfinite.consecutive = state["consecutive_nonfinite"]
 
 
-def start_rl(c: Components) -> RLState:
+def start_rl(c: Components, saved: Mapping[str, Any] | None = None) -> RLState:
+    """A stage's fresh RL state (the reference is the policy as the stage starts), or the `saved` one."""
     algo = c.config.algo
     algorithm = ONLINE_ALGORITHMS.get(algo.name)
     reference = None
@@ -106,9 +104,11 @@ def start_rl(c: Components) -> RLState:
     critic = None
     if algorithm.uses_critic:
         critic = build_critic(c.loaded.model, c.config.critic.model, lr=c.config.critic.lr, grad_clip=algo.grad_clip)
-    return RLState(algorithm, Scoring(c.config.rollout.temperature), reference, kl_controller, critic,
-                   replay=build_replay(c.config),
-                   nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite))
+    state = RLState(algorithm, Scoring(c.config.rollout.temperature), reference, kl_controller, critic,
+                    replay=build_replay(c.config), nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite))
+    if saved is not None:
+        state.load_state_dict(saved)
+    return state
 
 
 # ---- rollout ------------------------------------------------------------------------------------------------
@@ -422,51 +422,24 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
                       "perf/tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout, 1e-9)}
 
 
+def _start(c: Components, logger: RunLogger, first_step: int, saved: Mapping[str, Any] | None) -> RLState:
+    state = start_rl(c, saved)
+    c.learner.set_lr(c.config.algo.lr)
+    return state
+
+
+ONLINE_STAGE: Stage[RLState] = Stage(
+    budget=lambda config: config.algo.steps, start=_start, warns_slow_steps=True,
+    step=lambda c, logger, store, state, step: rl_step(c, step, state, store))
+"""Every online algorithm's stage (steps numbered globally: task and sampling seeds follow the step number, so a
+later stage never replays an earlier stage's tasks)."""
+
+
 def run_rl(c: Components, logger: RunLogger, store: TrajectoryStore | None = None, *,
            state: RLState | None = None, on_step: StepHook | None = None, first_step: int = 0) -> int:
-    """Run `algo.steps` steps of the configured online algorithm, numbered from `first_step` (task and sampling
-    seeds follow the step number, so a later stage never replays an earlier stage's tasks). Returns the steps
-    taken: fewer when `on_step(step, metrics)` (the schedule's switch condition) returned True."""
-    algo = c.config.algo
-    if algo.steps == 0:
-        return 0
-    state = state or start_rl(c)
-    if c.hooks is not None:
-        c.hooks.restore_rl(state)  # a resumed run: the RL state saved with its checkpoint
-    c.learner.set_lr(algo.lr)
-    after = (lambda step: c.hooks.after_rl_step(c, state, step)) if c.hooks is not None else None
-    return run_steps(logger, algo.name, algo.steps, lambda step: rl_step(c, step, state, store), on_step=on_step,
-                     first_step=first_step, log_every=c.config.run.log_every, after_step=after,
-                     warn_step_s=c.config.run.slow_step_warn_s)
-
-
-def slow_step_warning(stage: str, step: int, seconds: float, limit: float) -> str:
-    return (f"warning: {stage} step {step} took {seconds:.0f} s (run.slow_step_warn_s={limit:g}); the defaults are "
-            f"sized for short two-turn episodes: for longer ones lower algo.tasks_per_step, algo.group_size or "
-            f"algo.epochs_per_step, or the rollout limits (docs/your-own-env.md)")
-
-
-def run_steps(logger: RunLogger, stage: str, n: int, step_fn: Callable[[int], Mapping[str, float]], *,
-              on_step: StepHook | None, first_step: int, log_every: int = 1,
-              after_step: Callable[[int], None] | None = None, warn_step_s: float | None = None) -> int:
-    """The loop every iterative stage shares: steps numbered from `first_step`, metrics logged every `log_every`
-    (and on the last or stopping step), `after_step(step + 1)` (checkpoints), and an early end when
-    `on_step(step + 1, metrics)` (a schedule's switch condition) says so. Returns the steps taken."""
-    logger.display.start(stage, first_step + n)
-    try:
-        for i in range(n):
-            step = first_step + i
-            metrics = step_fn(step)
-            if warn_step_s is not None and metrics.get("perf/step_s", 0.0) > warn_step_s:
-                logger.display.print(slow_step_warning(stage, step + 1, metrics["perf/step_s"], warn_step_s))
-                warn_step_s = None  # once per stage: the user has been told
-            stop = on_step is not None and on_step(step + 1, metrics)
-            if stop or (step + 1) % log_every == 0 or i + 1 == n:
-                logger.log(step + 1, stage, metrics)
-            if after_step is not None:
-                after_step(step + 1)
-            if stop:
-                return i + 1
-    finally:
-        logger.display.stop()
-    return n
+    """`algo.steps` steps of the configured online algorithm alone (no schedule, no checkpoints), numbered from
+    `first_step`. Returns the steps taken: fewer when `on_step(step, metrics)` returned True."""
+    if state is not None and c.config.algo.steps:
+        c.learner.set_lr(c.config.algo.lr)
+    return run_alone(c.config.algo.name, ONLINE_STAGE, c, logger, store, on_step=on_step, first_step=first_step,
+                     state=state)

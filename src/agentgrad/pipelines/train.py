@@ -1,7 +1,8 @@
 """`agentgrad train`: the stages (BC warm-up, then RL/ReST/DPO, or a schedule), held-out evals, summary.json.
 
-With run.checkpoint_every > 0, run-state checkpoints (pipelines/resume.py) make a run resumable after a crash:
-`train(config, run_dir=..., resume=True)` (`agentgrad train --resume RUN_DIR`) continues from the last one.
+With run.checkpoint_every > 0, run-state checkpoints (pipelines/resume.py) make a run resumable after a crash, in
+the middle of any stage: `train(config, run_dir=..., resume=True)` (`agentgrad train --resume RUN_DIR`) continues
+from the last one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 from agentgrad.checkpoint import save_checkpoint
 from agentgrad.config import Config, StageConfig, load_config, save_config
@@ -20,7 +22,8 @@ from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_com
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
 from agentgrad.pipelines.preflight import check_fresh_run, check_resumable
 from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
-from agentgrad.pipelines.schedule import ScheduleState, run_schedule, stages_of
+from agentgrad.pipelines.run_state import RunState
+from agentgrad.pipelines.schedule import run_schedule, stages_of
 
 
 def make_run_dir(config: Config) -> Path:
@@ -43,21 +46,20 @@ def checkpoint(c: Components, run_dir: Path, tag: str) -> Path:
                            extra)
 
 
-def start_or_resume(config: Config, run_dir: Path, resume: bool, hooks: RunCheckpointer
-                    ) -> tuple[Components, ScheduleState]:
+def start_or_resume(config: Config, run_dir: Path, resume: bool, store: TrajectoryStore,
+                    stages: Sequence[StageConfig], display: ProgressDisplay) -> tuple[Components, RunState]:
     if resume and can_resume(run_dir):
-        return resume_run(config, run_dir, hooks)
+        return resume_run(config, run_dir, store, stages, RunLogger([], display))
     # A fresh run, or one killed before its first checkpoint (inside its first stage): start over.
     truncate_file(run_dir / "metrics.jsonl", 0)
-    hooks.store.truncate(0)
-    c = build_components(config, run_dir)
-    c.hooks = hooks
-    return c, ScheduleState()
+    store.truncate(0)
+    return build_components(config, run_dir), RunState()
 
 
 def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) -> dict:
     """Run the stages (`schedule.stages`, or bc then `algo.name`), with held-out evals after the leading BC
-    stages and at the end. The schedule's state is kept in `schedule_state.json`."""
+    stages and at the end. The run's state is one `RunState`, returned by every stage and saved by
+    `RunCheckpointer` after every step (when run.checkpoint_every says so)."""
     if resume and run_dir is not None and (run_dir / "config.yaml").exists():
         check_resumable(run_dir, load_config(run_dir / "config.yaml").run.checkpoint_every)
     run_dir = run_dir or make_run_dir(config)
@@ -65,51 +67,48 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
         save_config(config, run_dir / "config.yaml")
     started = time.perf_counter()
     display = ProgressDisplay(enabled=config.run.progress)
-    hooks = RunCheckpointer(run_dir, TrajectoryStore(run_dir / "trajectories"), config.run.checkpoint_every)
-    c, state = start_or_resume(config, run_dir, resume, hooks)
-    logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
+    store = TrajectoryStore(run_dir / "trajectories")
     stages = stages_of(config)
+    c, run = start_or_resume(config, run_dir, resume, store, stages, display)
+    logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
     leading_bc = next((i for i, s in enumerate(stages) if s.algo != "bc"), len(stages))
-    evals: dict[str, dict] = hooks.info.setdefault("evals", {})
-    steps_by_algo: dict[str, int] = hooks.info.setdefault("steps_by_algo", {})
 
-    def report(tag: str, step: int, label: str) -> None:
+    def report(run: RunState, tag: str, step: int, label: str) -> RunState:
         result = held_out(c)
-        evals[tag] = result.to_dict()
         logger.log(step, f"eval_{tag}", {"eval/success_rate": result.success_rate})
         display.print(f"held-out success after {label}: {result.success_rate:.1%} "
                       f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, n={result.num_tasks})")
         if result.note:
             display.print(result.note)
+        return dataclasses.replace(run, info=run.info.with_eval(tag, result.to_dict()))
 
-    def on_stage_end(index: int, stage: StageConfig, steps: int) -> None:
-        steps_by_algo[stage.algo] = steps_by_algo.get(stage.algo, 0) + steps
+    def on_stage_end(run: RunState, index: int, stage: StageConfig, steps: int) -> RunState:
+        run = dataclasses.replace(run, info=run.info.with_steps(stage.algo, steps))
         if stage.algo == "bc":
             checkpoint(c, run_dir, "bc")
         if index == leading_bc - 1:
-            report("bc", steps, "BC")
-        if config.run.checkpoint_every:
-            schedule = ScheduleState.load(hooks.schedule_path)
-            hooks.save(c, schedule.global_step, schedule)
+            run = report(run, "bc", steps, "BC")
+        return run
 
     try:
-        if leading_bc == 0 and "bc" not in evals:
-            report("bc", 0, "the start")
-        state = run_schedule(c, logger, stages, store=hooks.store, state=state, state_path=hooks.schedule_path,
-                             on_stage_end=on_stage_end)
+        if leading_bc == 0 and "bc" not in run.info.evals:
+            run = report(run, "bc", 0, "the start")
+        run = run_schedule(c, logger, stages, run, store=store,
+                           save=RunCheckpointer(run_dir, store, config.run.checkpoint_every),
+                           on_stage_end=on_stage_end)
         checkpoint(c, run_dir, "final")
         if leading_bc == len(stages):  # BC only: the model has not changed since the BC eval
-            evals["final"] = evals["bc"]
+            run = dataclasses.replace(run, info=run.info.with_eval("final", run.info.evals["bc"]))
         else:
-            report("final", state.global_step, "+".join(s.algo for s in stages[leading_bc:]).upper())
+            run = report(run, "final", run.schedule.global_step, "+".join(s.algo for s in stages[leading_bc:]).upper())
     finally:
         logger.close()
-    initial, final = evals["bc"], evals["final"]
+    initial, final = run.info.evals["bc"], run.info.evals["final"]
     summary = {"run_dir": str(run_dir), "initial_success_rate": initial["success_rate"],
                "final_success_rate": final["success_rate"], "initial_eval": initial,
                "final_eval": final, "wall_time_s": round(time.perf_counter() - started, 1),
-               "bc_steps": steps_by_algo.get("bc", 0), "rl_steps": state.global_step,
+               "bc_steps": run.info.steps_by_algo.get("bc", 0), "rl_steps": run.schedule.global_step,
                "algorithm": "+".join(s.algo for s in stages), "resumed": resume,
-               "stage_switches": [dataclasses.asdict(w) for w in state.switches]}
+               "stage_switches": [dataclasses.asdict(w) for w in run.schedule.switches]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
