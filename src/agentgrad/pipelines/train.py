@@ -15,12 +15,13 @@ from pathlib import Path
 from agentgrad.checkpoint import save_checkpoint
 from agentgrad.config import Config, StageConfig, load_config, save_config
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.logging import JsonlSink, ProgressDisplay, RunLogger
+from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_components
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
 from agentgrad.pipelines.preflight import check_fresh_run, check_resumable
 from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
 from agentgrad.pipelines.schedule import ScheduleState, run_schedule, stages_of
+from agentgrad.sinks import SinkContext, make_sinks
 
 
 def make_run_dir(config: Config) -> Path:
@@ -67,7 +68,9 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
     display = ProgressDisplay(enabled=config.run.progress)
     hooks = RunCheckpointer(run_dir, TrajectoryStore(run_dir / "trajectories"), config.run.checkpoint_every)
     c, state = start_or_resume(config, run_dir, resume, hooks)
-    logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
+    m = config.metrics
+    logger = RunLogger(make_sinks(m.sinks, SinkContext(run_dir, run_dir.name, m.model_dump(), config.to_dict())),
+                       display)
     stages = stages_of(config)
     leading_bc = next((i for i, s in enumerate(stages) if s.algo != "bc"), len(stages))
     evals: dict[str, dict] = hooks.info.setdefault("evals", {})
