@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,9 @@ class MlflowSink:
         from mlflow.tracking import MlflowClient
 
         uri = ctx.options.get("mlflow_tracking_uri") or (ctx.run_dir / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):
+            # MLflow 3 refuses a file store (in maintenance) unless this opt-out is set; it needs no database.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self._metric = Metric
         self.client = MlflowClient(tracking_uri=uri)
         name = ctx.options.get("mlflow_experiment") or "agentgrad"
