@@ -150,6 +150,24 @@ def eval_cmd(
 
 
 @app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `agentgrad train` (finished or not)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
+    max_trajectories: int = typer.Option(2000, "--max-trajectories", min=1, help="Trajectories in the viewer at "
+                                         "most (whole groups, spread over the run); the breakdowns count them all."),
+) -> None:
+    """Write one self-contained HTML report of a run: learning curves, tool and stop-reason breakdowns, error
+    kinds, and a trajectory viewer (turns, tool calls, observations, rewards, the loss mask on the tokens)."""
+    from agentgrad.report import ReportError, build_report
+
+    try:
+        path = build_report(run_dir, out, max_trajectories=max_trajectories)
+    except (ReportError, ImportError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({"report": str(path), "bytes": path.stat().st_size}))
+
+
+@app.command()
 def check(
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides naming the suite and reward, e.g. "
                                                    "env=my_module:MySuite reward.name=my_module:my_reward"),

@@ -312,8 +312,28 @@ class RunConfig(_Section):
                                            "(~3-5 s a GRPO step on 2 CPU cores); None: never.")
 
 
+SinkName = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
+"""Metric sinks `metrics.sinks` accepts; `agentgrad.sinks.SINKS` implements them."""
+
+
+class MetricsConfig(_Section):
+    sinks: list[SinkName] = Field(default_factory=list, description="Metric sinks besides metrics.jsonl (always "
+                                  "written), several at once: tensorboard (RUN_DIR/tensorboard), wandb, mlflow. "
+                                  "Their packages: pip install 'agentgrad[sinks]'. Each value is named "
+                                  "<stage>/<key> (grpo/rollout/success_rate) at the record's step.")
+    tensorboard_dir: str | None = Field(None, description="TensorBoard log directory (None: RUN_DIR/tensorboard).")
+    wandb_project: str = Field("agentgrad", description="W&B project.")
+    wandb_mode: Literal["offline", "online"] = Field("offline", description="W&B mode: offline writes "
+                                                     "RUN_DIR/wandb without a network (`wandb sync` uploads it "
+                                                     "later); online needs a login.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: a local file store, "
+                                            "RUN_DIR/mlruns; `mlflow ui --backend-store-uri RUN_DIR/mlruns`).")
+    mlflow_experiment: str = Field("agentgrad", description="MLflow experiment name (created when missing).")
+
+
 class Config(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)

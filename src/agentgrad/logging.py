@@ -1,40 +1,19 @@
-"""Metric sinks and the live progress display.
+"""The run logger (every metric record to each sink, and to the live progress display) and the display.
 
-Metrics are flat `{"section/name": float}` records (e.g. `rollout/success_rate`, `loss/policy`) written one JSON
-object per line to `metrics.jsonl`; other backends (tensorboard, wandb, mlflow) plug in as further sinks.
+Metrics are flat `{"section/name": float}` records (e.g. `rollout/success_rate`, `loss/policy`); the sinks
+(`metrics.jsonl` always, tensorboard, wandb, mlflow) live in `agentgrad.sinks`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
-from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from agentgrad.sinks import JsonlSink, MetricSink
 
-class MetricSink(Protocol):
-    def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class JsonlSink:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a", buffering=1)
-
-    def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None:
-        record = {"step": step, "stage": stage, "time": round(time.time(), 3)}
-        record.update({k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()})
-        self._fh.write(json.dumps(record) + "\n")
-
-    def close(self) -> None:
-        self._fh.close()
+__all__ = ["JsonlSink", "MetricSink", "ProgressDisplay", "RunLogger"]  # the sinks' names, kept importable here
 
 
 class ProgressDisplay:

@@ -40,11 +40,21 @@ def check_model_path(path: str | None) -> None:
         raise BadInputError(f"could not load model.path {path!r}: no such directory")
 
 
+def check_sinks(names: list[str]) -> None:
+    from agentgrad.sinks import missing_packages
+
+    missing = missing_packages(names)
+    if missing:
+        what = ", ".join(f"{sink} needs the {module!r} package" for sink, module in missing)
+        raise BadInputError(f"metrics.sinks: {what}; install them with pip install 'agentgrad[sinks]'")
+
+
 def preflight(config: Config) -> None:
     from agentgrad.envs import SUITES
     from agentgrad.rewards.base import load_reward
 
     check_model_path(config.model.path)
+    check_sinks(config.metrics.sinks)
     try:  # a registered name, a `module:attr` import path or an entry point (UnknownNameError, ImportRefError)
         factory = SUITES.get(config.env.name)
     except (KeyError, ValueError) as exc:

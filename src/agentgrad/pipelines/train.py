@@ -17,13 +17,14 @@ from typing import Sequence
 from agentgrad.checkpoint import save_checkpoint
 from agentgrad.config import Config, StageConfig, load_config, save_config
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.logging import JsonlSink, ProgressDisplay, RunLogger
+from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_components
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
 from agentgrad.pipelines.preflight import check_fresh_run, check_resumable
 from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
 from agentgrad.pipelines.run_state import RunState
 from agentgrad.pipelines.schedule import run_schedule, stages_of
+from agentgrad.sinks import SinkContext, make_sinks
 
 
 def make_run_dir(config: Config) -> Path:
@@ -70,7 +71,9 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
     store = TrajectoryStore(run_dir / "trajectories")
     stages = stages_of(config)
     c, run = start_or_resume(config, run_dir, resume, store, stages, display)
-    logger = RunLogger([JsonlSink(run_dir / "metrics.jsonl")], display)
+    m = config.metrics
+    logger = RunLogger(make_sinks(m.sinks, SinkContext(run_dir, run_dir.name, m.model_dump(), config.to_dict())),
+                       display)
     leading_bc = next((i for i, s in enumerate(stages) if s.algo != "bc"), len(stages))
 
     def report(run: RunState, tag: str, step: int, label: str) -> RunState:
