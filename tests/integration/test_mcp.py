@@ -72,7 +72,7 @@ def connect(transport: str, http: HttpServer | None = None, **kw) -> McpConnecti
     if transport == "stdio":
         return McpConnection("test", command=sys.executable, args=[TEST_SERVER], env=SERVER_ENV,
                              connect_timeout_s=START_S, **kw)
-    return McpConnection("test", url=http.url, connect_timeout_s=START_S, **kw)
+    return McpConnection("test", url=http.url, headers={"X-Agentgrad-Test": "1"}, connect_timeout_s=START_S, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,20 @@ def test_a_call_returns_the_servers_answer_with_its_structured_content(conn):
     assert (result.ok, result.text) == (True, "hi,hi,hi")
     total = tools["add"](a=40, b=2)
     assert total.ok and json.loads(total.text) == {"sum": 42}
+
+
+def test_content_blocks_become_text_and_structured_content_the_signals():
+    from mcp.types import CallToolResult, ImageContent, TextContent
+
+    from agentgrad.tools.mcp import result_of
+
+    mixed = CallToolResult(content=[TextContent(type="text", text="a chart:"),
+                                    ImageContent(type="image", data="AAAA", mime_type="image/png")],
+                           structured_content={"points": 3})
+    assert (result_of(mixed).text, result_of(mixed).signals) == ("a chart:\n[image image/png]", {"points": 3})
+    assert result_of(CallToolResult(content=[], structured_content={"n": 1})).text == '{"n": 1}'
+    refused = result_of(CallToolResult(content=[TextContent(type="text", text="no\nway")], is_error=True))
+    assert (refused.text, refused.error_kind) == ("error (bad_arguments): no way", ToolErrorKind.BAD_ARGUMENTS)
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -162,7 +162,7 @@ class McpConnection:
         except self._sdk.MCPError as exc:
             return self._protocol_error(tool, exc)
         except Exception as exc:  # noqa: BLE001  (a transport failure mid-call)
-            if self.command is not None and self._client is None:
+            if self._client is None:  # the connection ended while the call was out
                 return self._gone()
             return ToolResult.error(ToolErrorKind.CRASHED, f"MCP tool {tool!r} on server {self.name!r}: "
                                                            f"{_one_line(exc)}")
@@ -249,7 +249,9 @@ class McpConnection:
         _OPEN.discard(self)
         if self._loop.is_running():
             if self._stop is not None and self._serving is not None:
-                self._loop.call_soon_threadsafe(self._stop.set)
+                # A session ends when asked; one still connecting (a server that never answered) is cancelled.
+                end = self._stop.set if self._client is not None else self._serving.cancel
+                self._loop.call_soon_threadsafe(end)
                 done = asyncio.run_coroutine_threadsafe(asyncio.wait({self._serving}), self._loop)
                 try:
                     done.result(CLOSE_TIMEOUT_S)
@@ -287,8 +289,9 @@ def result_of(result: Any) -> ToolResult:
             parts.append(block.text)
         elif kind == "resource" and hasattr(block.resource, "text"):
             parts.append(block.resource.text)
-        else:
-            parts.append(f"[{kind} {getattr(block, 'mime_type', None) or getattr(block, 'uri', '')}]".replace(" ]", "]"))
+        else:  # an image, audio, a binary resource, a link: named, since the policy reads text
+            what = getattr(block, "mime_type", None) or getattr(block, "uri", None)
+            parts.append(f"[{kind} {what}]" if what else f"[{kind}]")
     structured = result.structured_content
     text = "\n".join(parts) if parts or structured is None else json.dumps(structured, ensure_ascii=False)
     if result.is_error:
