@@ -8,12 +8,13 @@ repository root, with `pip install -e '.[mcp]'`:
     python examples/mcp_calculator.py --http 8765      # streamable HTTP on http://127.0.0.1:8765/mcp
     agentgrad train 'env.mcp_servers=[{name: calc, url: "http://127.0.0.1:8765/mcp"}]'
 
-`--log FILE` appends each expression it evaluates to FILE (the tests count the calls that came through MCP).
+`--log FILE` appends each expression it evaluates to FILE, as a JSON string (the tests count the calls that came through MCP).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
@@ -32,7 +33,7 @@ def calculator(expression: Annotated[str, Field(description='arithmetic using + 
     """Evaluate an arithmetic expression."""
     if LOG:
         with open(LOG[0], "a", encoding="utf-8") as fh:
-            fh.write(expression.replace("\n", " ") + "\n")
+            fh.write(json.dumps(expression) + "\n")
     try:
         return str(evaluate(expression))
     except CalculatorError as exc:  # a ToolError's message reaches the model (other exceptions' stay here)

@@ -257,9 +257,10 @@ def test_the_arithmetic_suite_with_a_calculator_served_by_mcp(tmp_path):
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
         "model.tiny.intermediate_size=64", "model.tiny.tokenizer_corpus_episodes=40"]
-# Enough BC steps for its loss to fall (at lr 3e-3 the tiny model's loss halves within ~10 steps), and one RL
-# step whose 8 episodes call the served calculator: wiring, not learning to the end.
-SHORT = [*TINY, "bc.steps=12", "bc.batch_size_episodes=8", "bc.num_demos=32", "bc.stop_at_success=null",
+# Enough BC steps for its loss to fall (measured: 5.83 -> 1.16, the mean of the first three steps against the
+# last three's) and for the policy to write calls (9 in the RL step's 8 episodes, 4 of them valid arithmetic):
+# wiring and a first move, not learning to the end (tests/integration/test_train_tiny.py does that).
+SHORT = [*TINY, "bc.steps=60", "bc.batch_size_episodes=8", "bc.num_demos=32", "bc.stop_at_success=null",
          "bc.lr=3e-3", "algo.steps=1", "algo.tasks_per_step=4", "algo.group_size=2", "algo.epochs_per_step=1",
          "eval.num_tasks=8", "run.progress=false", "run.name=mcp"]
 
@@ -289,27 +290,30 @@ def test_a_short_run_whose_only_tool_is_served_by_mcp(transport, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "mcp"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["rl_steps"] == 1 and summary["bc_steps"] == 12
+    assert summary["rl_steps"] == 1 and summary["bc_steps"] == 60
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     bc = [r["loss/bc"] for r in rows if "loss/bc" in r]
-    assert len(bc) == 12 and sum(bc[-3:]) < 0.7 * sum(bc[:3]), bc  # BC on the demos MCP answered: it learnt
+    assert len(bc) == 60 and sum(bc[-3:]) < 0.5 * sum(bc[:3]), bc  # BC on demos the server answered: it learns
 
-    # Every calculator call of the run went to the server: the RL episodes' calls are among those it logged,
-    # and each observation is the server's answer.
-    served = log.read_text().splitlines()
-    calls = [(turn.action.arguments.get("expression"), turn.observation)
-             for sample in TrajectoryStore(run / "trajectories").trajectories()
-             for turn in sample.trajectory.turns if getattr(turn.action, "name", None) == "calculator"]
-    expressions = [e for e, _ in calls if isinstance(e, str)]
-    assert set(expressions) <= set(served) and len(served) >= 32 + len(expressions)  # demos + RL, at least
-    for expression, observation in calls:
-        if observation is None:  # the episode ended on this turn (a limit), before any answer was shown
+    # The policy's own calls went to the server: each one that passed the schema is in the server's log, a valid
+    # one got the server's answer, an invalid one the server's error (ours does not say "Error executing tool").
+    served = {json.loads(line) for line in log.read_text().splitlines()}
+    rl_calls = [turn for sample in TrajectoryStore(run / "trajectories").trajectories()
+                for turn in sample.trajectory.turns if getattr(turn.action, "name", None) == "calculator"
+                and set(turn.action.arguments) == {"expression"} and isinstance(turn.action.arguments["expression"], str)
+                and not (turn.observation or "").startswith("error (bad_arguments): arguments must be JSON text")]
+    assert rl_calls, "the policy wrote no calculator call the server could take"
+    assert len(served) >= 32  # and the BC demos' calls
+    for turn in rl_calls:
+        expression = turn.action.arguments["expression"]
+        assert expression in served, expression
+        if turn.observation is None:  # the episode ended on this turn (a limit)
             continue
         try:
             value = str(evaluate(expression))
-        except Exception:  # noqa: BLE001  (the policy wrote a bad expression: the server said why)
-            assert observation.startswith("error (bad_arguments): "), observation
+        except Exception:  # noqa: BLE001  (the policy wrote bad arithmetic)
+            assert turn.observation.startswith("error (bad_arguments): Error executing tool calculator: ")
         else:
-            assert observation == value
+            assert turn.observation == value and turn.tool_ok
     (saved,) = load_config(run / "config.yaml").env.mcp_servers  # `agentgrad eval` reconnects from this
     assert saved.name == "calc" and (saved.url is not None) == (transport == "http")

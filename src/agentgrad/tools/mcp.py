@@ -317,8 +317,12 @@ class McpTool:
         extra = self.parameters.get("additionalProperties", False) not in (False, None)
         try:
             args = validate_arguments(self.parameters, arguments, allow_extra=extra)
+            # A lone surrogate (decoded model text can hold one) would fail in the SDK's writer and end the session.
+            json.dumps(args, ensure_ascii=False).encode("utf-8")
         except ToolArgumentError as exc:
             return ToolResult.error(ToolErrorKind.BAD_ARGUMENTS, str(exc))
+        except (UnicodeEncodeError, TypeError, ValueError) as exc:
+            return ToolResult.error(ToolErrorKind.BAD_ARGUMENTS, f"arguments must be JSON text: {_one_line(exc)}")
         return self.connection.call(self.name, args)
 
     def __repr__(self) -> str:
