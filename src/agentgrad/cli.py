@@ -77,8 +77,9 @@ def train(
 
     from agentgrad.registry import ImportRefError, UnknownNameError
     from agentgrad.rewards.base import RewardSpecError
+    from agentgrad.tools.mcp import McpError
 
-    plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError)  # user code and data
+    plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError, McpError)  # user code, data
     try:
         summary = run_train(config, run_dir=resume, resume=resume is not None)
     except (ModelLoadError, BadInputError, FileExistsError, NonFiniteLossError, DemoLimitError, *plugin_errors) as exc:
@@ -128,18 +129,24 @@ def eval_cmd(
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
     policy, codec = inference(loaded, batch_invariant=config.rollout.batch_invariant)
+    from agentgrad.envs import close_suite
     from agentgrad.registry import ImportRefError, UnknownNameError
+    from agentgrad.tools.mcp import McpError
 
     try:
         suite = make_suite(config)
-    except (ImportRefError, UnknownNameError) as exc:  # e.g. a user's suite module not importable from here
+    except (ImportRefError, UnknownNameError, McpError) as exc:  # e.g. a user's suite module not importable here
         _fail(str(exc))
     if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
         _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
     policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
-    result = evaluate(policy, codec, suite, episode_limits(config), sampler_settings(config),
-                      num_tasks=num_tasks or config.eval.num_tasks, seed=config.run.seed if seed is None else seed,
-                      temperature=config.eval.temperature, batch_size=config.eval.batch_size)
+    try:
+        result = evaluate(policy, codec, suite, episode_limits(config), sampler_settings(config),
+                          num_tasks=num_tasks or config.eval.num_tasks,
+                          seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
+                          batch_size=config.eval.batch_size)
+    finally:
+        close_suite(suite)
     if as_json:
         typer.echo(json.dumps({"checkpoint": str(ckpt), **result.to_dict()}))
     else:
@@ -177,19 +184,23 @@ def check(
     """Check a task suite and reward before training: the expert solves the suite's tasks, the verifier (or the
     env) agrees, the splits are disjoint, check_env passes, and the reward scores the expert's episodes."""
     from agentgrad.config import ConfigError, build_config
-    from agentgrad.envs import SUITES, SuiteCheckError, check_suite
+    from agentgrad.envs import SuiteCheckError, check_suite, close_suite, make_suite
     from agentgrad.registry import ImportRefError, UnknownNameError
     from agentgrad.rewards.base import RewardSpecError, apply_reward, load_reward
+    from agentgrad.tools.mcp import McpError
 
+    suite = None
     try:
         config = build_config(preset, overrides or [])
-        suite = SUITES.get(config.env.name)(**config.env.options)
+        suite = make_suite(config.env.name, config.env.options, mcp_servers=config.env.mcp_servers)
         reward_fn = load_reward(config.reward.name, suite, **config.reward.options)
         report = check_suite(suite, n=tasks, seed=config.run.seed)
-    except (ConfigError, ImportRefError, UnknownNameError, RewardSpecError, SuiteCheckError) as exc:
+    except (ConfigError, ImportRefError, UnknownNameError, RewardSpecError, SuiteCheckError, McpError) as exc:
         _fail(str(exc))
     except (TypeError, ValueError) as exc:  # the suite's constructor rejected its options
         _fail(f"{config.env.name}: {type(exc).__name__}: {exc}")
+    finally:
+        close_suite(suite)
     rewards = [apply_reward(reward_fn, e) for e in report.pop("episodes")]
     kept = [r.total for r in rewards if not r.masked]
     typer.echo(json.dumps({"suite": config.env.name, **report, "reward": config.reward.name,
@@ -301,12 +312,12 @@ def data_expert(
     """Write the suite's expert episodes as an OpenAI-format chat log (what `bc.demos` and `data import` read)."""
     from agentgrad.config import ConfigError, build_config
     from agentgrad.data.offline import to_chat_line
-    from agentgrad.envs import SUITES, SuiteCheckError
+    from agentgrad.envs import SuiteCheckError, make_suite
     from agentgrad.envs.base import close_env, episode_success, expert_episode
 
     try:
         config = build_config(preset, overrides or [])
-        suite = SUITES.get(config.env.name)(**config.env.options)
+        suite = make_suite(config.env.name, config.env.options, mcp_servers=config.env.mcp_servers)
         env = suite.make_env()  # for each task's tool schemas (a jsonl task has its own)
         with out.open("w", encoding="utf-8") as fh:
             for task in suite.sample_tasks(episodes, split="train", seed=seed):

@@ -52,6 +52,33 @@ class ModelConfig(_Section):
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
 
 
+class McpServerConfig(_Section):
+    """One MCP server whose tools the env's episodes call (docs/mcp.md): a command for stdio, or a URL."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="What errors and the tools' category call "
+                      "this server.")
+    command: str | None = Field(None, description="stdio: the executable that starts the server (e.g. python).")
+    args: list[str] = Field(default_factory=list, description="stdio: the command's arguments.")
+    env: dict[str, str] = Field(default_factory=dict, description="stdio: environment variables for the server, "
+                                "over a minimal inherited set (HOME, PATH, ...; the SDK's default).")
+    cwd: str | None = Field(None, description="stdio: the server's working directory; made absolute (unset: the "
+                            "directory the run was configured in), so the run's config.yaml works from anywhere.")
+    url: str | None = Field(None, pattern=r"^https?://", description="Streamable HTTP: the endpoint, e.g. "
+                            "http://127.0.0.1:8000/mcp.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Streamable HTTP: headers sent with "
+                                    "every request (e.g. Authorization).")
+    tools: list[str] | None = Field(None, description="Use only these of the server's tools (None: all it lists).")
+    timeout_s: float = Field(30.0, gt=0, description="A call that takes longer is a `timeout` error observation.")
+    connect_timeout_s: float = Field(60.0, gt=0, description="Starting, connecting and listing tools; longer is "
+                                     "a one-line error before the run starts.")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> "McpServerConfig":
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
+        return self
+
+
 class EnvConfig(_Section):
     name: str = Field("arithmetic", description="Task suite: a registered name (arithmetic, search-qa, ...), an "
                                                 "import path of your own suite class ('my_module:MySuite', the "
@@ -60,6 +87,10 @@ class EnvConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict, description="Options passed to the suite's constructor "
                                     "(a relative 'path' or '*_path' option that exists is made absolute, so the "
                                     "run's config.yaml works from any directory).")
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers whose tools every "
+                                               "env of the suite also offers; a tool named like one of the suite's "
+                                               "replaces it (docs/mcp.md). Each: name, and command (+ args, env, "
+                                               "cwd) or url (+ headers); tools, timeout_s, connect_timeout_s.")
 
 
 class RewardConfig(_Section):
@@ -534,6 +565,10 @@ def build_config(preset: str | None = DEFAULT_PRESET, overrides: Sequence[str] =
         tree = _merge(tree, layer)
     if isinstance(tree.get("env"), dict) and isinstance(tree["env"].get("options"), Mapping):
         tree["env"] = {**tree["env"], "options": _absolute_paths(tree["env"]["options"])}
+    if isinstance(tree.get("env"), dict) and isinstance(tree["env"].get("mcp_servers"), list):
+        tree["env"] = {**tree["env"], "mcp_servers": [
+            {**s, "cwd": str(Path(s.get("cwd") or ".").resolve())} if isinstance(s, dict) and s.get("command") else s
+            for s in tree["env"]["mcp_servers"]]}
     if isinstance(tree.get("bc"), dict) and tree["bc"].get("demos"):
         tree["bc"] = {**tree["bc"], **_absolute_paths({"path": tree["bc"]["demos"]})}
         tree["bc"]["demos"] = tree["bc"].pop("path")

@@ -1,5 +1,5 @@
 from agentgrad.envs.base import (SUITES, ActionMask, Env, EnvCheckError, SuiteCheckError, TaskSuite, check_env,
-                                 check_suite, close_env, episode_success)
+                                 check_suite, close_env, close_suite, episode_success, make_suite)
 from agentgrad.envs.tool_env import ToolEnv
 # Importing a suite registers it in SUITES.
 from agentgrad.envs.tasks import api_catalog as _api_catalog  # noqa: F401
@@ -11,4 +11,4 @@ from agentgrad.envs.tasks import search_qa as _search_qa  # noqa: F401
 from agentgrad.envs.tasks import sql_qa as _sql_qa  # noqa: F401
 
 __all__ = ["SUITES", "ActionMask", "Env", "EnvCheckError", "SuiteCheckError", "TaskSuite", "ToolEnv", "check_env",
-           "check_suite", "close_env", "episode_success"]
+           "check_suite", "close_env", "close_suite", "episode_success", "make_suite"]

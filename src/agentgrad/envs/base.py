@@ -122,6 +122,28 @@ def close_envs(envs: Sequence[Any]) -> None:
         close_env(env)
 
 
+def close_suite(suite: Any) -> None:
+    """Call the suite's `close()` if it has one (it is optional in the protocol): a sandbox pool, MCP servers."""
+    close = getattr(suite, "close", None)
+    if callable(close):
+        close()
+
+
+def make_suite(name: str, options: Mapping[str, Any] | None = None, *, mcp_servers: Sequence[Any] = ()) -> Any:
+    """The suite `name` names, built with `options` (config `env.name`, `env.options`), its envs also serving
+    the tools of `mcp_servers` (config `env.mcp_servers`; `agentgrad.envs.mcp`)."""
+    suite = SUITES.get(name)(**dict(options or {}))
+    if not mcp_servers:
+        return suite
+    from agentgrad.envs.mcp import with_mcp_tools
+
+    try:
+        return with_mcp_tools(suite, mcp_servers)
+    except BaseException:
+        close_suite(suite)
+        raise
+
+
 def check_env(env: Env, task: Task, *, seed: int = 0, actions: Sequence[Action] = ()) -> None:
     """Check an env against the protocol and its promises, in the spirit of Gymnasium's `check_env`.
 

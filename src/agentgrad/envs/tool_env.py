@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from agentgrad.envs.base import ActionMask
-from agentgrad.tools.base import ToolResult, ToolSet
+from agentgrad.tools.base import Tool, ToolResult, ToolSet
 from agentgrad.types import Action, FinalAnswer, InvalidAction, Task, ToolCall
 
 
@@ -15,6 +15,7 @@ class ToolEnv:
 
     def __init__(self, tools: ToolSet, verify: Callable[[Task, str | None], bool], *, system_prompt: str = "",
                  on_tool_result: Callable[[ToolCall, ToolResult], None] | None = None) -> None:
+        self._served: tuple[Tool, ...] = ()
         self.tools = tools
         self.verify = verify
         self.system_prompt = system_prompt
@@ -22,6 +23,22 @@ class ToolEnv:
         self._task: Task | None = None
         self._done = True
         self.history: list[Action] = []
+
+    @property
+    def tools(self) -> ToolSet:
+        """The tools this env offers: its suite's, with any `serve_tools` on top."""
+        return self._tools
+
+    @tools.setter
+    def tools(self, tools: ToolSet) -> None:
+        self._own = tools
+        self._tools = tools.overlaid(self._served) if self._served else tools
+
+    def serve_tools(self, tools: Sequence[Tool]) -> None:
+        """Offer `tools` too, from now on and after every reset (an env whose tools change per task keeps them):
+        one named like a suite tool replaces it, schema and all (e.g. a calculator an MCP server serves)."""
+        self._served = tuple(tools)
+        self.tools = self._own
 
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         task = (options or {}).get("task")

@@ -10,7 +10,8 @@ import torch
 
 from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.config import Config
-from agentgrad.envs import SUITES, TaskSuite
+from agentgrad.envs import TaskSuite
+from agentgrad.envs import make_suite as build_suite
 from agentgrad.models.factored_head import FactoredToolHead
 from agentgrad.models.hf import LoadedModel, load_model
 from agentgrad.rewards.base import RewardFn, load_reward
@@ -38,7 +39,8 @@ class Components:
 
 
 def make_suite(config: Config) -> TaskSuite:
-    return SUITES.get(config.env.name)(**config.env.options)
+    e = config.env
+    return build_suite(e.name, e.options, mcp_servers=e.mcp_servers)
 
 
 def episode_limits(config: Config) -> EpisodeLimits:

@@ -17,6 +17,7 @@ from typing import Sequence
 from agentgrad.checkpoint import save_checkpoint
 from agentgrad.config import Config, StageConfig, load_config, save_config
 from agentgrad.data.store import TrajectoryStore
+from agentgrad.envs import close_suite
 from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_components
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
@@ -106,6 +107,7 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
             run = report(run, "final", run.schedule.global_step, "+".join(s.algo for s in stages[leading_bc:]).upper())
     finally:
         logger.close()
+        close_suite(c.suite)  # its sandbox pool, its MCP servers
     initial, final = run.info.evals["bc"], run.info.evals["final"]
     summary = {"run_dir": str(run_dir), "initial_success_rate": initial["success_rate"],
                "final_success_rate": final["success_rate"], "initial_eval": initial,

@@ -11,7 +11,7 @@ import inspect
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentgrad.registry import Registry
 from agentgrad.types import ToolCall
@@ -131,18 +131,21 @@ def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
     return value
 
 
-def validate_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Check `arguments` against a JSON-schema object (the subset `@tool` produces). Raises ToolArgumentError."""
+def validate_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *,
+                       allow_extra: bool = False) -> dict[str, Any]:
+    """Check `arguments` against a JSON-schema object (the subset `@tool` produces: properties, required, and
+    each property's `type` and `enum`; other keywords pass). Raises ToolArgumentError. `allow_extra` lets
+    names the schema does not list through unchecked (a schema with `additionalProperties`)."""
     if not isinstance(arguments, Mapping):
         raise ToolArgumentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
     props: Mapping[str, Any] = parameters.get("properties", {})
     unknown = sorted(set(arguments) - set(props))
-    if unknown:
+    if unknown and not allow_extra:
         raise ToolArgumentError(f"unknown argument(s) {unknown}; valid: {sorted(props)}")
     missing = [r for r in parameters.get("required", []) if r not in arguments]
     if missing:
         raise ToolArgumentError(f"missing required argument(s) {missing}")
-    return {k: _check_value(k, v, props[k]) for k, v in arguments.items()}
+    return {k: _check_value(k, v, props[k]) if isinstance(props.get(k), Mapping) else v for k, v in arguments.items()}
 
 
 class FunctionTool:
@@ -252,6 +255,12 @@ class ToolSet:
 
     def schemas(self) -> list[dict[str, Any]]:
         return [tool_schema(t) for t in self._tools.values()]
+
+    def overlaid(self, tools: "Sequence[Tool]") -> "ToolSet":
+        """These tools with `tools` on top: one of the same name takes the other's place (so the prompt keeps
+        its order), the rest come after."""
+        served = {t.name: t for t in tools}
+        return ToolSet([served.pop(t.name, t) for t in self._tools.values()] + list(served.values()))
 
     def call(self, call: ToolCall) -> ToolResult:
         t = self._tools.get(call.name)
