@@ -7,8 +7,8 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

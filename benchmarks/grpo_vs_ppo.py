@@ -9,7 +9,8 @@ rollout success reaches a threshold, final held-out greedy success (the same 100
 run), and the fraction of zero-signal groups. Results are appended to a JSONL file as runs finish, so a
 partial run still reports.
 
-    nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py [--seeds 3] [--budget-tokens 150000] [--starts 0.05 ...] [--out DIR]
+    nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py [--seeds 3] [--budget-tokens 150000] \\
+        [--starts 0.05 ...] [--out DIR]
     nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py --table DIR/results.jsonl   # table only
 """
 

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         rows = list(pool.map(lambda st: run_one(*st, args.k), combos))
     print(f"\n{'seed':>4} {'thr':>3}  {'result':<40} {'wall s':>7}")
-    for seed, threads, ok, summary, wall in rows:
+    for seed, threads, _ok, summary, wall in rows:
         print(f"{seed:>4} {threads:>3}  {summary:<40} {wall:>7.0f}")
     passed = sum(ok for _, _, ok, _, _ in rows)
     print(f"sweeps passing: {passed}/{len(rows)}")

@@ -7,8 +7,8 @@ temperature 0.7, no top-k/top-p; clipped token-level loss (clip 0.2 / 0.28), gro
 4 passes over each batch in minibatches of 64 episodes (TRL: num_iterations=4, steps_per_generation=2,
 per_device_train_batch_size=64); AdamW at lr 1e-4, grad clip 1.0; CPU; one torch thread (--threads).
 Reward on both sides: closeness of the answer's number to the truth (signal at 0% success, so both really
-update). Differs (TRL's design, not settings): TRL bounds a whole completion with max_completion_length (set to 96, about
-two of our 48-token turns) instead of per turn; TRL's tool loop stops at max_tool_calling_iterations=3.
+update). Differs (TRL's design, not settings): TRL bounds a whole completion with max_completion_length (set to 96,
+about two of our 48-token turns) instead of per turn; TRL's tool loop stops at max_tool_calling_iterations=3.
 One "RL step" of TRL is one generation plus its 8 optimizer steps: `trainer.train()` time / steps.
 
     nice -n 19 python benchmarks/rl_step_vs_trl.py [--steps 1] [--threads 1]
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bc_model_dir, bench_config, median, set_threads, table  # noqa: E402
+from _common import bc_model_dir, bench_config, median, set_threads, table
 
 TASKS_PER_STEP, GROUP, EPOCHS, MINIBATCH, LR, TEMPERATURE = 16, 8, 4, 64, 1e-4, 0.7
 
@@ -163,7 +163,8 @@ def trl_steps(model_dir: Path, steps: int, threads: int) -> list[float]:
     })
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(output_dir=tmp, use_cpu=True, bf16=False, num_generations=GROUP,
-                          per_device_train_batch_size=MINIBATCH, steps_per_generation=TASKS_PER_STEP * GROUP // MINIBATCH,
+                          per_device_train_batch_size=MINIBATCH,
+                          steps_per_generation=TASKS_PER_STEP * GROUP // MINIBATCH,
                           num_iterations=EPOCHS, max_steps=steps * EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH),
                           learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
                           temperature=TEMPERATURE, top_k=0, top_p=1.0, beta=0.0, loss_type="dapo", epsilon=0.2,

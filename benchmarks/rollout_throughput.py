@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed  # noqa: E402
+from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed
 
-from agentgrad.backends.base import Generation, SamplingParams  # noqa: E402
+from agentgrad.backends.base import Generation, SamplingParams
 
 
 class HFGeneratePolicy:

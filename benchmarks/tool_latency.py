@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed  # noqa: E402
+from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed
 
-from agentgrad.types import ToolCall  # noqa: E402
+from agentgrad.types import ToolCall
 
 
 class LatencyEnv:
@@ -85,9 +85,11 @@ def main() -> None:
 
     latency = args.latency_ms / 1e3
     rows = []
-    for name, pol in (("continuous (agentgrad HFPolicy)", policy), ("rounds (generate-only policy)", GenerateOnly(policy))):
+    for name, pol in (("continuous (agentgrad HFPolicy)", policy),
+                      ("rounds (generate-only policy)", GenerateOnly(policy))):
         rollout(pol, 0.0)  # warm-up
-        res = alternate({"ideal": lambda: rollout(pol, 0.0), "slow": lambda: rollout(pol, latency)}, args.repeats)
+        res = alternate({"ideal": lambda pol=pol: rollout(pol, 0.0), "slow": lambda pol=pol: rollout(pol, latency)},
+                        args.repeats)
         ideal, slow = median(res["ideal"]), median(res["slow"])
         rows.append((name, f"{ideal:.0f}", f"{slow:.0f}", f"{slow / ideal:.2f}x"))
     print(f"\n{args.episodes} concurrent episodes, {calls['per_episode']:.2f} tool calls per episode, "

@@ -6,8 +6,8 @@ is agentgrad's GRPO update (TorchLearner: forward, clipped loss, backward, AdamW
 6 * N (N = non-embedding parameters + the tied lm head, V * H) + 12 * layers * H * ctx (attention scores and
 values, forward and backward, ctx = mean attended length = half the sequence), counted on the tokens the
 forward really runs (a group's shared prompt once, `backends.shared_prefix`; padding is waste). "trained tok/s"
-counts every row's tokens, what the user gets. The default width (128) and a wider model (512) on the same tokens show how the fraction grows
-with the matmul sizes.
+counts every row's tokens, what the user gets. The default width (128) and a wider model (512) on the same tokens
+show how the fraction grows with the matmul sizes.
 
     nice -n 19 python benchmarks/train_mfu.py [--threads 1 2] [--widths 128 512]
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bc_model_dir, bench_config, set_threads, table  # noqa: E402
+from _common import bc_model_dir, bench_config, set_threads, table
 
 
 def matmul_flops(n: int = 1024, reps: int = 8) -> float:

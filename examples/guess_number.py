@@ -15,13 +15,13 @@ Standard library and agentgrad's env/tool modules only (no torch), as every env.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from agentgrad.envs import ActionMask
 from agentgrad.envs.tasks import split_of, stream_rng
 from agentgrad.tools import ToolSet, tool
 from agentgrad.types import Action, FinalAnswer, InvalidAction, Task, ToolCall
-
 
 # ---- the outside game: its own API, its own rules -----------------------------------------------------------
 

@@ -8,7 +8,8 @@ repository root, with `pip install -e '.[mcp]'`:
     python examples/mcp_calculator.py --http 8765      # streamable HTTP on http://127.0.0.1:8765/mcp
     agentgrad train 'env.mcp_servers=[{name: calc, url: "http://127.0.0.1:8765/mcp"}]'
 
-`--log FILE` appends each expression it evaluates to FILE, as a JSON string (the tests count the calls that came through MCP).
+`--log FILE` appends each expression it evaluates to FILE, as a JSON string (the tests count the calls that came
+through MCP).
 """
 
 from __future__ import annotations

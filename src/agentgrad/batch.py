@@ -17,8 +17,8 @@ Turns are the maximal runs of 1s in the (unmasked) policy mask; estimators that 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -34,10 +34,10 @@ class LogitMasks:
     token_ids: torch.Tensor  # (S, K) long, -1 padded
     allow: torch.Tensor  # (S,) bool: True = only these ids were legal; False = all ids but these
 
-    def select(self, rows: torch.Tensor | slice, width: int) -> "LogitMasks":
+    def select(self, rows: torch.Tensor | slice, width: int) -> LogitMasks:
         return LogitMasks(self.index[rows][:, :width], self.token_ids, self.allow)
 
-    def to(self, device: torch.device | str) -> "LogitMasks":
+    def to(self, device: torch.device | str) -> LogitMasks:
         return LogitMasks(self.index.to(device), self.token_ids.to(device), self.allow.to(device))
 
 
@@ -57,7 +57,7 @@ class HeadBatch:
         decision is one more action in the per-token loss with the advantage of that position."""
         return self.position + 1
 
-    def select(self, rows: torch.Tensor | slice, num_rows: int) -> "HeadBatch":
+    def select(self, rows: torch.Tensor | slice, num_rows: int) -> HeadBatch:
         """The decisions of batch rows `rows` (of `num_rows`), renumbered as the selected batch's rows."""
         picked = torch.arange(num_rows)[rows]  # (b,)
         new_row = torch.full((num_rows,), -1, dtype=torch.long)
@@ -66,7 +66,7 @@ class HeadBatch:
         return HeadBatch(new_row[self.row][keep], self.position[keep], self.tool[keep], self.legal[keep],
                          self.old_logprob[keep])
 
-    def to(self, device: torch.device | str) -> "HeadBatch":
+    def to(self, device: torch.device | str) -> HeadBatch:
         return HeadBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
@@ -111,10 +111,10 @@ class TokenBatch:
     def num_policy_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 
-    def replace(self, **changes: torch.Tensor | None) -> "TokenBatch":
+    def replace(self, **changes: torch.Tensor | None) -> TokenBatch:
         return dataclasses.replace(self, **changes)
 
-    def select(self, rows: torch.Tensor | slice) -> "TokenBatch":
+    def select(self, rows: torch.Tensor | slice) -> TokenBatch:
         """Rows of the batch (for minibatches); trims trailing all-padding columns."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                   if f.name not in ("logit_masks", "head")}
@@ -125,7 +125,7 @@ class TokenBatch:
         return TokenBatch(**{k: (v[:, :width] if v is not None and v.dim() == 2 else v) for k, v in picked.items()},
                           logit_masks=masks, head=head)
 
-    def to(self, device: torch.device | str) -> "TokenBatch":
+    def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(**{f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
                                       else None) for f in dataclasses.fields(self)})
 

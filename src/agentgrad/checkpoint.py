@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
 

@@ -6,7 +6,6 @@ import errno
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -46,9 +45,9 @@ def _disk_full(exc: BaseException, run_dir: Path) -> bool:
 
 @app.command()
 def train(
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Built-in preset name or path to a YAML file."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a run directory from its last "
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last "
                                           "checkpoint (run.checkpoint_every > 0); overrides apply on top of its "
                                           "config.yaml."),
 ) -> None:
@@ -74,7 +73,6 @@ def train(
     from agentgrad.pipelines.bc import DemoLimitError
     from agentgrad.pipelines.data import DemoLoadError
     from agentgrad.pipelines.train import train as run_train
-
     from agentgrad.registry import ImportRefError, UnknownNameError
     from agentgrad.rewards.base import RewardSpecError
     from agentgrad.tools.mcp import McpError
@@ -100,9 +98,9 @@ def train(
 def eval_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory written by `agentgrad train`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (includes success_rate)."),
-    checkpoint: Optional[str] = typer.Option(None, help="Checkpoint tag under checkpoints/ (default: final)."),
-    num_tasks: Optional[int] = typer.Option(None, help="Held-out tasks (default: the run's eval.num_tasks)."),
-    seed: Optional[int] = typer.Option(None, help="Held-out task seed (default: the run's seed)."),
+    checkpoint: str | None = typer.Option(None, help="Checkpoint tag under checkpoints/ (default: final)."),
+    num_tasks: int | None = typer.Option(None, help="Held-out tasks (default: the run's eval.num_tasks)."),
+    seed: int | None = typer.Option(None, help="Held-out task seed (default: the run's seed)."),
 ) -> None:
     """Held-out success of a trained run, with a 95% confidence interval."""
     from agentgrad.config import ConfigError, load_config
@@ -117,8 +115,14 @@ def eval_cmd(
 
     from agentgrad.checkpoint import latest_checkpoint
     from agentgrad.models.hf import ModelLoadError, load_model
-    from agentgrad.pipelines.components import (episode_limits, inference, make_suite, make_tool_head, quiet_hf,
-                                                sampler_settings)
+    from agentgrad.pipelines.components import (
+        episode_limits,
+        inference,
+        make_suite,
+        make_tool_head,
+        quiet_hf,
+        sampler_settings,
+    )
     from agentgrad.pipelines.evaluate import evaluate
 
     quiet_hf()
@@ -159,7 +163,7 @@ def eval_cmd(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="A run directory written by `agentgrad train` (finished or not)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
     max_trajectories: int = typer.Option(2000, "--max-trajectories", min=1, help="Trajectories in the viewer at "
                                          "most (whole groups, spread over the run); the breakdowns count them all."),
 ) -> None:
@@ -176,7 +180,7 @@ def report(
 
 @app.command()
 def check(
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides naming the suite and reward, e.g. "
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides naming the suite and reward, e.g. "
                                                    "env=my_module:MySuite reward.name=my_module:my_reward"),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Built-in preset name or path to a YAML file."),
     tasks: int = typer.Option(20, help="Tasks per split to check."),
@@ -213,7 +217,7 @@ def check(
 def config(
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Show the values of this preset (default: the "
                                                                  "one `agentgrad train` uses)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides to apply before showing."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides to apply before showing."),
 ) -> None:
     """List every config key with its value and help text."""
     from agentgrad.config import ConfigError, build_config, describe
@@ -233,9 +237,9 @@ def config(
 def tool_run(
     name: str = typer.Argument(..., help="Tool name: calculator, python, search, open, sql."),
     args: str = typer.Option("{}", "--args", help="Arguments as a JSON object."),
-    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus ({doc_id,title,text}) for search/open."),
-    db: Optional[Path] = typer.Option(None, help="SQLite file for sql."),
-    timeout: Optional[float] = typer.Option(None, help="Tool timeout in seconds."),
+    corpus: Path | None = typer.Option(None, help="JSONL corpus ({doc_id,title,text}) for search/open."),
+    db: Path | None = typer.Option(None, help="SQLite file for sql."),
+    timeout: float | None = typer.Option(None, help="Tool timeout in seconds."),
 ) -> None:
     """Run one tool and print its result as JSON."""
     from agentgrad.tools.runner import run_tool
@@ -267,9 +271,9 @@ def data_import(
     out: Path = typer.Option(..., "--out", help="Store directory to write (replay.offline_paths reads it)."),
     model: str = typer.Option(..., "--model", help="Model dir of the policy to train: its tokenizer and chat "
                                                    "template encode the episodes."),
-    behaviour_model: Optional[str] = typer.Option(None, "--behaviour-model", help="Model that scores episodes "
+    behaviour_model: str | None = typer.Option(None, "--behaviour-model", help="Model that scores episodes "
                                                   "logged without logprobs (default: --model)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env, reward, rollout.temperature)."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides (env, reward, rollout.temperature)."),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env and reward."),
 ) -> None:
     """Encode an offline agent log into trajectories, token-in/token-out through the policy's chat codec."""
@@ -290,7 +294,7 @@ def data_import(
 def data_export(
     store: Path = typer.Argument(..., help="A store directory, e.g. RUN_DIR/trajectories."),
     out: Path = typer.Option(..., "--out", help="JSONL chat log to write."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env) for the tool schemas."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides (env) for the tool schemas."),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env."),
 ) -> None:
     """Write a store as an OpenAI-format chat log with per-turn behaviour logprobs."""
@@ -306,7 +310,7 @@ def data_expert(
     out: Path = typer.Option(..., "--out", help="JSONL chat log to write."),
     episodes: int = typer.Option(1000, "--episodes", help="Expert episodes (train split) to write."),
     seed: int = typer.Option(0, "--seed", help="Seed of the train-task stream."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted overrides (env) naming the suite."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides (env) naming the suite."),
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Preset naming the env."),
 ) -> None:
     """Write the suite's expert episodes as an OpenAI-format chat log (what `bc.demos` and `data import` read)."""

@@ -12,8 +12,9 @@ names only `env` keeps every other default.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -73,7 +74,7 @@ class McpServerConfig(_Section):
                                      "a one-line error before the run starts.")
 
     @model_validator(mode="after")
-    def _one_transport(self) -> "McpServerConfig":
+    def _one_transport(self) -> McpServerConfig:
         if (self.command is None) == (self.url is None):
             raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
         return self
@@ -273,7 +274,7 @@ class StageConfig(_Section):
                                                                               "only (e.g. {lr: 5e-5}).")
 
     @model_validator(mode="after")
-    def _known_overrides(self) -> "StageConfig":
+    def _known_overrides(self) -> StageConfig:
         keys = set(self.algo_overrides)
         unknown = sorted((keys - set(AlgoConfig.model_fields)) | (keys & {"name"}))
         if unknown:
@@ -380,7 +381,7 @@ class Config(_Section):
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Config":
+    def _consistent(self) -> Config:
         if self.rollout.max_new_tokens_per_turn >= self.rollout.max_total_tokens:
             raise ValueError("rollout.max_new_tokens_per_turn must be smaller than rollout.max_total_tokens")
         if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:

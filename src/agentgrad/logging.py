@@ -6,7 +6,7 @@ Metrics are flat `{"section/name": float}` records (e.g. `rollout/success_rate`,
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -20,7 +20,8 @@ class ProgressDisplay:
     """One rich progress bar per stage, with the numbers a user watches: success, reward, KL, tokens/s."""
 
     FIELDS = (("rollout/success_rate", "success", "{:.0%}"), ("rollout/reward_mean", "reward", "{:.2f}"),
-              ("loss/kl", "kl", "{:.4f}"), ("loss/approx_kl_old", "kl_old", "{:.4f}"), ("loss/bc", "bc_loss", "{:.3f}"), ("eval/bc_validation_success", "valid", "{:.0%}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"))
+              ("loss/kl", "kl", "{:.4f}"), ("loss/approx_kl_old", "kl_old", "{:.4f}"), ("loss/bc", "bc_loss", "{:.3f}"),
+              ("eval/bc_validation_success", "valid", "{:.0%}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"))
 
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled

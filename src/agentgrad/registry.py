@@ -13,8 +13,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 

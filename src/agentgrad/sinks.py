@@ -18,9 +18,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from agentgrad.registry import Registry
 
@@ -72,7 +73,8 @@ class JsonlSink:
 
     def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None:
         record = {"step": step, "stage": stage, "time": round(time.time(), 3)}
-        record.update({k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()})
+        record.update({k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
+                       for k, v in metrics.items()})
         self._fh.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class InvalidAction:
     error: str
 
 
-Action = Union[ToolCall, FinalAnswer, InvalidAction]
+Action = ToolCall | FinalAnswer | InvalidAction
 
 
 class StopReason(str, enum.Enum):

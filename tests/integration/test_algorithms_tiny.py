@@ -7,6 +7,8 @@ re-runs this under other seeds and thread counts.
 """
 
 import pytest
+from learning import assert_lift
+from test_train_tiny import FAST
 
 from agentgrad.config import build_config
 from agentgrad.logging import ProgressDisplay, RunLogger
@@ -14,9 +16,6 @@ from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
 from agentgrad.pipelines.train import held_out, train
-
-from learning import assert_lift  # noqa: E402  (rootdir-relative: tests are not a package)
-from test_train_tiny import FAST  # noqa: E402
 
 BC = ["algo=bc"]
 # Per-algorithm budgets: rollout batches of 8 tasks x 8 samples each.

@@ -131,7 +131,8 @@ def test_dpo_scores_policy_and_reference_on_the_same_masked_distribution(loaded_
     rejected = collate(trajs[1::2], pad_token_id=loaded_tiny.pad_token_id)
     assert chosen.logit_masks is not None and rejected.logit_masks is not None
     reference = copy.deepcopy(loaded_tiny.model).eval().requires_grad_(False)
-    ref_chosen, ref_rejected = frozen_sequence_logprobs(reference, chosen), frozen_sequence_logprobs(reference, rejected)
+    ref_chosen = frozen_sequence_logprobs(reference, chosen)
+    ref_rejected = frozen_sequence_logprobs(reference, rejected)
     full = sequence_logprobs(token_logprobs(reference, chosen.input_ids, chosen.attention_mask), chosen.loss_mask)
     assert (ref_chosen - full).abs().min().item() > 0.1  # the masks matter: a legal set holds less than all mass
 

@@ -8,7 +8,7 @@ import pytest
 
 from agentgrad.config import build_config
 from agentgrad.models.hf import load_model
-from agentgrad.pipelines.components import build_tiny_model_dir, make_suite, episode_limits
+from agentgrad.pipelines.components import build_tiny_model_dir, episode_limits, make_suite
 from agentgrad.pipelines.demos import MAX_DROPPED_SHARE, DemoLength, check_demos_fit
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import expert_trajectory

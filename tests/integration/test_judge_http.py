@@ -14,9 +14,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentgrad.rewards import (REWARDS, Judge, JudgeNotCalibratedError, JudgeReward, OpenAIChatBackend,
-                               calibrate, calibrate_cli, judge_reward, read_report, require_calibrated,
-                               reward_metrics, score, write_report)
+from agentgrad.rewards import (
+    REWARDS,
+    Judge,
+    JudgeNotCalibratedError,
+    JudgeReward,
+    OpenAIChatBackend,
+    calibrate,
+    calibrate_cli,
+    judge_reward,
+    read_report,
+    require_calibrated,
+    reward_metrics,
+    score,
+    write_report,
+)
 from agentgrad.rewards.testing import answer_turn, make_trajectory
 from agentgrad.types import Task
 
@@ -40,7 +52,8 @@ def weak_verdict(i: int) -> int:
 def as_reply(i: int, verdict: int) -> str:
     # two reply styles, both parseable: a VERDICT line (even ids) and a JSON score (odd ids)
     if i % 2 == 0:
-        return f"The answer {'matches' if verdict else 'does not match'} the task.\nVERDICT: {'PASS' if verdict else 'FAIL'}"
+        return (f"The answer {'matches' if verdict else 'does not match'} the task.\n"
+                f"VERDICT: {'PASS' if verdict else 'FAIL'}")
     return f'Checked the steps.\n{{"score": {verdict}}}'
 
 
@@ -82,7 +95,7 @@ class ChatHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server API)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with self.server.lock:
             self.server.requests.append({"path": self.path, "body": body,
@@ -160,7 +173,8 @@ def test_calibration_numbers_and_threshold_gate(server, labels, tmp_path):
     good_path = write_report(g, tmp_path / "good.json")
     weak_path = write_report(w, tmp_path / "weak.json")
     assert require_calibrated(good.judge_id, good_path, threshold=0.80).accuracy == pytest.approx(0.85)
-    with pytest.raises(JudgeNotCalibratedError, match="accuracy 0.750 on 100 examples is below the threshold 0.80") as e:
+    with pytest.raises(JudgeNotCalibratedError,
+                       match="accuracy 0.750 on 100 examples is below the threshold 0.80") as e:
         require_calibrated(weak.judge_id, weak_path, threshold=0.80)
     assert e.value.accuracy == pytest.approx(0.75) and e.value.threshold == 0.80
     with pytest.warns(UserWarning, match="overridden"):

@@ -101,8 +101,8 @@ def test_kill_9_at_named_points_then_resume_matches_an_uninterrupted_run(tmp_pat
     torch.set_num_threads(threads)
 
     assert stable_metrics(run_dir) == stable_metrics(tmp_path / "ref")
-    killed_store = [r for r in TrajectoryStore(run_dir / "trajectories").raw_records()]
-    ref_store = [r for r in TrajectoryStore(tmp_path / "ref" / "trajectories").raw_records()]
+    killed_store = list(TrajectoryStore(run_dir / "trajectories").raw_records())
+    ref_store = list(TrajectoryStore(tmp_path / "ref" / "trajectories").raw_records())
     assert [r["index"] for r in killed_store] == list(range(len(ref_store)))  # none lost, none duplicated
     assert killed_store == ref_store
     from safetensors.torch import load_file

@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: pip install -e '.[mcp]' (.ci/run installs it)")
 
-from agentgrad.config import McpServerConfig, load_config  # noqa: E402
-from agentgrad.tools.base import ToolErrorKind, tool_schema  # noqa: E402
-from agentgrad.tools.mcp import McpConnection, McpError, McpToolbox  # noqa: E402
+from agentgrad.config import McpServerConfig, load_config
+from agentgrad.tools.base import ToolErrorKind, tool_schema
+from agentgrad.tools.mcp import McpConnection, McpError, McpToolbox
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -57,10 +57,10 @@ class HttpServer:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return
-            except OSError:
+            except OSError as err:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"{script} did not start serving on port {self.port}")
+                    raise RuntimeError(f"{script} did not start serving on port {self.port}") from err
                 time.sleep(0.2)
 
     def stop(self) -> None:
@@ -300,7 +300,8 @@ def test_a_short_run_whose_only_tool_is_served_by_mcp(transport, tmp_path):
     served = {json.loads(line) for line in log.read_text().splitlines()}
     rl_calls = [turn for sample in TrajectoryStore(run / "trajectories").trajectories()
                 for turn in sample.trajectory.turns if getattr(turn.action, "name", None) == "calculator"
-                and set(turn.action.arguments) == {"expression"} and isinstance(turn.action.arguments["expression"], str)
+                and set(turn.action.arguments) == {"expression"}
+                and isinstance(turn.action.arguments["expression"], str)
                 and not (turn.observation or "").startswith("error (bad_arguments): arguments must be JSON text")]
     assert rl_calls, "the policy wrote no calculator call the server could take"
     assert len(served) >= 32  # and the BC demos' calls
@@ -311,7 +312,7 @@ def test_a_short_run_whose_only_tool_is_served_by_mcp(transport, tmp_path):
             continue
         try:
             value = str(evaluate(expression))
-        except Exception:  # noqa: BLE001  (the policy wrote bad arithmetic)
+        except Exception:
             assert turn.observation.startswith("error (bad_arguments): Error executing tool calculator: ")
         else:
             assert turn.observation == value and turn.tool_ok

@@ -118,8 +118,8 @@ def test_report_in_headless_chromium(run, tmp_path):
         page.select_option("#f-step", "")
         needle = first.task.task_id  # a substring of an id or a prompt matches ("...-1" matches "...-12" too)
         page.fill("#f-task", needle)
-        assert rows.count() == sum(needle in r.sample.trajectory.task.task_id or needle in r.sample.trajectory.task.prompt
-                                   for r in records)
+        assert rows.count() == sum(needle in r.sample.trajectory.task.task_id
+                                   or needle in r.sample.trajectory.task.prompt for r in records)
         assert needle in page.locator("#traj-rows td:nth-child(3)").all_inner_texts()
 
         # Siblings side by side: the group of the opened trajectory, split by outcome.
@@ -129,7 +129,8 @@ def test_report_in_headless_chromium(run, tmp_path):
         ok = sum(r.sample.success for r in group)
         assert page.locator("#sib-success h4").inner_text() == f"Succeeded ({ok})"
         assert page.locator("#sib-failure h4").inner_text() == f"Failed ({len(group) - ok})"
-        assert page.locator("#sib-success .sibling").count() + page.locator("#sib-failure .sibling").count() == len(group)
+        assert (page.locator("#sib-success .sibling").count()
+                + page.locator("#sib-failure .sibling").count()) == len(group)
         browser.close()
     assert errors == []
 

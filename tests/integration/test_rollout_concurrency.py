@@ -58,7 +58,7 @@ class SleepTools:
 def _forcing(codec, n_episodes, forced_turns):
     script = {i: codec.assistant_ids(Message("assistant", "", tool_calls=(
         ToolCall("sleep", {"seconds": 0.0, "tag": i}),))) for i in range(n_episodes)}
-    turn = {i: -1 for i in range(n_episodes)}
+    turn = dict.fromkeys(range(n_episodes), -1)
 
     def processor(row, generated, logits):
         if not generated:

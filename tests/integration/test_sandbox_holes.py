@@ -260,7 +260,8 @@ def test_a_thousand_calls_leave_no_ipc_object_process_or_key():
     host_ipc = {kind: _ipc_ids(kind) for kind in ("shm", "sem", "msg")}
     code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             f"libc.shmget(0, 4096, {IPC_CREAT} | 0o600)\nlibc.semget(0, 1, {IPC_CREAT} | 0o600)\n"
-            f"libc.msgget(0, {IPC_CREAT} | 0o600)\nlibc.syscall({ADD_KEY}, b'user', b'k', b'v', 1, {KEY_SPEC_USER_KEYRING})\n"
+            f"libc.msgget(0, {IPC_CREAT} | 0o600)\n"
+            f"libc.syscall({ADD_KEY}, b'user', b'k', b'v', 1, {KEY_SPEC_USER_KEYRING})\n"
             "if os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(60)\n"
             "print(sum(open(f'/proc/sysvipc/{k}').read().count(chr(10)) - 1 for k in ('shm', 'sem', 'msg')))")
     with SandboxPool(SandboxConfig(timeout_s=5.0), size=1) as p:

@@ -90,7 +90,8 @@ def test_mlflow_file_store_holds_every_jsonl_value(run_dir):
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "sinks" and run.info.status == "FINISHED"
     assert run.data.params["algo.kl_coef"] == "0.01"  # the config went in as the run's params
-    got = {(m.key, m.step): m.value for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)}
+    got = {(m.key, m.step): m.value for key in run.data.metrics
+           for m in client.get_metric_history(run.info.run_id, key)}
     assert_same(got, jsonl_values(run_dir), rel=1e-12)
 
 

@@ -4,11 +4,10 @@ import json
 
 import pytest
 import torch
+from learning import SWEEP, assert_lift
 
 from agentgrad.config import build_config
 from agentgrad.pipelines.train import train
-
-from learning import SWEEP, assert_lift  # noqa: E402  (rootdir-relative: tests are not a package)
 
 # An easier arithmetic shape than the default run ("12 + 34 = ?"): same tools, template, loop, stop rule and
 # algorithms, sized so that BC reaches a partial policy within a minute and RL has something left to fix.

@@ -30,7 +30,8 @@ def test_malformed_and_unknown_calls_are_error_observations(arithmetic_suite, co
     task = arithmetic_suite.sample_tasks(1, split="train", seed=0)[0]
     script = ['<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 +',  # truncated JSON
               '<tool_call>\n{"name": "teleport", "arguments": {}}\n</tool_call>',      # unknown tool
-              f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{task.metadata["expression"]}"}}}}\n</tool_call>',
+              '<tool_call>\n{"name": "calculator", "arguments": '
+              f'{{"expression": "{task.metadata["expression"]}"}}}}\n</tool_call>',
               task.answer]
     policy = ScriptedPolicy(codec, script)
     [traj] = run_episodes(policy, codec, [arithmetic_suite.make_env()], [task], sampling=SamplingParams(),

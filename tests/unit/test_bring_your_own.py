@@ -11,7 +11,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from test_agent_loop import ScriptedPolicy
 
+from agentgrad.backends.base import Generation, SamplingParams
 from agentgrad.config import ConfigError, build_config
 from agentgrad.envs import SUITES, SuiteCheckError, check_suite, episode_success
 from agentgrad.registry import ImportRefError, UnknownNameError
@@ -19,10 +21,6 @@ from agentgrad.rewards.base import OutcomeReward, load_reward, score
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.tools import TOOLS, make_tool
 from agentgrad.types import StopReason, Task, ToolCall
-
-from agentgrad.backends.base import Generation, SamplingParams
-
-from test_agent_loop import ScriptedPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:

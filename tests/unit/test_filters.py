@@ -47,5 +47,5 @@ def test_preference_pairs_match_ith_win_with_ith_loss_within_a_task():
     g2 = _g("y", [1, 1])  # no failure: no pair
     g3 = _g("z", [0, 1], masked={1})  # the only win is masked: no pair
     pairs = preference_pairs([g1, g2, g3])
-    assert [(w.trajectory.sample_index, l.trajectory.sample_index) for w, l in pairs] == [(0, 1), (2, 3)]
-    assert all(w.trajectory.task.task_id == l.trajectory.task.task_id == "x" for w, l in pairs)
+    assert [(w.trajectory.sample_index, lose.trajectory.sample_index) for w, lose in pairs] == [(0, 1), (2, 3)]
+    assert all(w.trajectory.task.task_id == lose.trajectory.task.task_id == "x" for w, lose in pairs)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from agentgrad.algos.kl import (
-    KL_CONTROLLERS,
     K3_CAP,
+    KL_CONTROLLERS,
     KL_ESTIMATORS,
     KL_UNITS,
     AdaptiveKLController,

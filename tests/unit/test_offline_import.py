@@ -18,7 +18,8 @@ from agentgrad.types import Trajectory
 def expert(arithmetic_suite, codec):
     task = arithmetic_suite.sample_tasks(1, split="train", seed=3)[0]
     env = arithmetic_suite.make_env()
-    traj = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec, EpisodeLimits(max_total_tokens=400))
+    traj = expert_trajectory(env, task, arithmetic_suite.expert_actions(task), codec,
+                             EpisodeLimits(max_total_tokens=400))
     fake = tuple(-0.01 * (i % 7) if m else 0.0 for i, m in enumerate(traj.loss_mask))  # distinct logged logprobs
     traj = Trajectory(**{**traj.__dict__, "logprobs": fake})
     _, info = env.reset(seed=0, options={"task": task})

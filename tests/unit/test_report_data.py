@@ -7,9 +7,18 @@ import json
 import math
 
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.report.data import (breakdowns, entropy_by_step, read_trajectories, timeline, viewer_records)
-from agentgrad.types import (FinalAnswer, InvalidAction, RewardBreakdown, ScoredTrajectory, StopReason, Task,
-                             ToolCall, Trajectory, Turn)
+from agentgrad.report.data import breakdowns, entropy_by_step, read_trajectories, timeline, viewer_records
+from agentgrad.types import (
+    FinalAnswer,
+    InvalidAction,
+    RewardBreakdown,
+    ScoredTrajectory,
+    StopReason,
+    Task,
+    ToolCall,
+    Trajectory,
+    Turn,
+)
 
 ROWS = [  # the shape `agentgrad train` writes: BC steps 1..3, a switch, evals, RL steps numbered run-wide
     {"step": 0, "stage": "bc", "data/demos": 8.0},
@@ -17,7 +26,8 @@ ROWS = [  # the shape `agentgrad train` writes: BC steps 1..3, a switch, evals, 
     {"step": 3, "stage": "bc", "loss/bc": 1.0},
     {"step": 0, "stage": "schedule", "schedule/stage_steps": 3.0, "schedule/by_condition": 0.0},
     {"step": 3, "stage": "eval_bc", "eval/success_rate": 0.25},
-    {"step": 1, "stage": "grpo", "rollout/success_rate": 0.5}, {"step": 2, "stage": "grpo", "rollout/success_rate": 0.75},
+    {"step": 1, "stage": "grpo", "rollout/success_rate": 0.5},
+    {"step": 2, "stage": "grpo", "rollout/success_rate": 0.75},
     {"step": 2, "stage": "schedule", "schedule/stage_steps": 2.0, "schedule/by_condition": 1.0},
     {"step": 3, "stage": "ppo", "rollout/success_rate": 0.8},
     {"step": 3, "stage": "schedule", "schedule/stage_steps": 1.0, "schedule/by_condition": 0.0},

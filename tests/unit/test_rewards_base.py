@@ -11,8 +11,19 @@ import pytest
 
 from agentgrad.envs.tasks.arithmetic import ArithmeticSuite
 from agentgrad.registry import UnknownNameError
-from agentgrad.rewards import (REWARDS, CombinedReward, OutcomeReward, ProcessReward, RewardSpecError,
-                               RewardTimeoutError, VerifierReward, load_reward, reward_metrics, score, with_timeout)
+from agentgrad.rewards import (
+    REWARDS,
+    CombinedReward,
+    OutcomeReward,
+    ProcessReward,
+    RewardSpecError,
+    RewardTimeoutError,
+    VerifierReward,
+    load_reward,
+    reward_metrics,
+    score,
+    with_timeout,
+)
 from agentgrad.rewards.testing import answer_turn, make_trajectory, tool_turn
 from agentgrad.types import RewardBreakdown, StopReason, Task
 

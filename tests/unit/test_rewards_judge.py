@@ -11,10 +11,29 @@ import warnings
 
 import pytest
 
-from agentgrad.rewards import (CalibrationError, CombinedReward, Judge, JudgeNotCalibratedError, JudgeReward, Rubric,
-                               VerdictCache, agreement_report, calibrate, judge_input, judge_reward,
-                               labelled_trajectory, load_labels, load_reward, parse_verdict, read_report,
-                               render_transcript, require_calibrated, reward_metrics, score, write_report)
+from agentgrad.rewards import (
+    CalibrationError,
+    CombinedReward,
+    Judge,
+    JudgeNotCalibratedError,
+    JudgeReward,
+    Rubric,
+    VerdictCache,
+    agreement_report,
+    calibrate,
+    judge_input,
+    judge_reward,
+    labelled_trajectory,
+    load_labels,
+    load_reward,
+    parse_verdict,
+    read_report,
+    render_transcript,
+    require_calibrated,
+    reward_metrics,
+    score,
+    write_report,
+)
 from agentgrad.rewards.testing import answer_turn, make_trajectory, tool_turn
 from agentgrad.types import Message, Task
 
@@ -308,7 +327,8 @@ def test_load_labels_errors_name_the_line(tmp_path):
         load_labels(path)
     with pytest.raises(CalibrationError, match="does not exist"):
         load_labels(tmp_path / "none.jsonl")
-    path.write_text('{"prompt": "p", "response": "r", "label": "pass"}\n{"prompt": "p", "response": "r", "label": false}\n')
+    path.write_text('{"prompt": "p", "response": "r", "label": "pass"}\n'
+                    '{"prompt": "p", "response": "r", "label": false}\n')
     assert [e.label for e in load_labels(path)] == [1, 0]
 
 

@@ -11,8 +11,15 @@ import pytest
 from agentgrad.envs.tool_env import ToolEnv
 from agentgrad.rewards import OutcomeReward, VerifierReward, load_reward
 from agentgrad.rewards.base import score
-from agentgrad.rewards.process import (Fact, ProcessReward, ProcessRewardConfig, fact_bonuses, process_reward,
-                                       repeated_call_turns, shaped_reward)
+from agentgrad.rewards.process import (
+    Fact,
+    ProcessReward,
+    ProcessRewardConfig,
+    fact_bonuses,
+    process_reward,
+    repeated_call_turns,
+    shaped_reward,
+)
 from agentgrad.rewards.testing import answer_turn, invalid_turn, make_trajectory, tool_turn
 from agentgrad.tools.base import ToolSet
 from agentgrad.tools.search import make_search_tools

@@ -10,8 +10,17 @@ import pytest
 from agentgrad.rewards import verifiers
 from agentgrad.rewards.base import score
 from agentgrad.rewards.testing import answer_turn, make_trajectory, tool_turn
-from agentgrad.rewards.verifiers import (VerifierReward, exact_match, get_verifier, normalize_text,
-                                         normalized_match, numeric_match, parse_number, set_match, split_items)
+from agentgrad.rewards.verifiers import (
+    VerifierReward,
+    exact_match,
+    get_verifier,
+    normalize_text,
+    normalized_match,
+    numeric_match,
+    parse_number,
+    set_match,
+    split_items,
+)
 from agentgrad.types import Task
 
 

@@ -14,10 +14,10 @@ from agentgrad.pipelines import rl
 
 
 def _batch(**kw) -> TokenBatch:
-    base = dict(input_ids=torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.long),
-                loss_mask=torch.tensor([[0.0, 1.0, 1.0, 0.0]]), old_logprobs=torch.tensor([[0.0, -1.0, -2.0, 0.0]]),
-                token_rewards=torch.tensor([[0.0, 0.0, 1.0, 0.0]]), group_index=torch.tensor([0]),
-                ref_logprobs=torch.tensor([[0.0, -1.5, -1.0, -9.0]]))
+    base = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 4, dtype=torch.long),
+            "loss_mask": torch.tensor([[0.0, 1.0, 1.0, 0.0]]), "old_logprobs": torch.tensor([[0.0, -1.0, -2.0, 0.0]]),
+            "token_rewards": torch.tensor([[0.0, 0.0, 1.0, 0.0]]), "group_index": torch.tensor([0]),
+            "ref_logprobs": torch.tensor([[0.0, -1.5, -1.0, -9.0]])}
     return TokenBatch(**(base | kw))
 
 

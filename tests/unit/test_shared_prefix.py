@@ -53,7 +53,7 @@ def _grouped_batch(with_masks: bool = False):
                                                   (4, [8, 3, 6])]):
         prompt = rand(prompt_len)
         common = rand(2) if gi == 1 else []
-        for j, n in enumerate(conts):
+        for n in conts:
             ids = prompt + common + rand(n)
             masks = ()
             if with_masks:  # one allow-list and one deny-list position per row

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-import agentgrad.envs.tasks.api_catalog  # noqa: F401  (each import registers its suite)
-import agentgrad.envs.tasks.code  # noqa: F401
-import agentgrad.envs.tasks.jsonl  # noqa: F401
-import agentgrad.envs.tasks.multi_tool  # noqa: F401
-import agentgrad.envs.tasks.search_qa  # noqa: F401
+import agentgrad.envs.tasks.api_catalog
+import agentgrad.envs.tasks.code
+import agentgrad.envs.tasks.jsonl
+import agentgrad.envs.tasks.multi_tool
+import agentgrad.envs.tasks.search_qa
 import agentgrad.envs.tasks.sql_qa  # noqa: F401
-from agentgrad.envs import SUITES, TaskSuite, check_env
 from agentgrad.answers import normalized_match, numeric_match, parse_number
+from agentgrad.envs import SUITES, TaskSuite, check_env
 from agentgrad.envs.tasks import split_of
 from agentgrad.envs.tasks.jsonl import load_jsonl_tasks
 from agentgrad.types import FinalAnswer, InvalidAction, Task, ToolCall

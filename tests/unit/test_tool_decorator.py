@@ -1,4 +1,4 @@
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
@@ -7,7 +7,7 @@ from agentgrad.types import ToolCall
 
 
 @tool(category="weather")
-def forecast(city: str, days: int = 1, unit: Literal["c", "f"] = "c", detailed: Optional[bool] = None) -> str:
+def forecast(city: str, days: int = 1, unit: Literal["c", "f"] = "c", detailed: bool | None = None) -> str:
     """Forecast the weather.
 
     Args:
@@ -52,5 +52,5 @@ def test_toolset_categories_and_unknown_tool():
 def test_untyped_parameter_is_rejected_at_definition():
     with pytest.raises(TypeError):
         @tool
-        def bad(x):  # noqa: ANN001
+        def bad(x):
             return x

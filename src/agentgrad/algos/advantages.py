@@ -31,8 +31,9 @@ with process rewards the later turns' G_k - baseline would be divided by eps alo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor

@@ -17,7 +17,8 @@ e^20 ~ 5e8 under k3 and swamp the batch, so k3 is also capped at 10, as verl's "
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor

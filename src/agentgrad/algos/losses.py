@@ -10,7 +10,8 @@ scalars. Metrics are token means over the masked tokens whatever the aggregation
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

@@ -11,7 +11,8 @@ w = pi(y) / mu(y), from log-probabilities, at token or sequence level, then boun
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor

@@ -8,7 +8,7 @@ coordinates, followed by inverse-CDF sampling, so a fixed seed gives the same to
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Hashable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -75,7 +77,8 @@ class SessionPolicy(Policy, Protocol):
     `generate` seen as a session by `backends/generate_session.py: GenerateSession`."""
 
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> ContextManager[DecodeSession]:
+                max_sequences: int, max_tokens: int,
+                pause: PauseFn | None = None) -> AbstractContextManager[DecodeSession]:
         ...
 
 

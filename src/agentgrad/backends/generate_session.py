@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import ContextManager, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
-from agentgrad.backends.base import (DecodeSession, Generation, LogitsProcessor, PauseFn, Policy, SamplingParams,
-                                    SessionPolicy)
+from agentgrad.backends.base import (
+    DecodeSession,
+    Generation,
+    LogitsProcessor,
+    PauseFn,
+    Policy,
+    SamplingParams,
+    SessionPolicy,
+)
 
 
 class GenerateSession:
@@ -71,7 +78,8 @@ def _cut(gen: Generation, max_new_tokens: int) -> Generation:
 
 
 def open_session(policy: Policy, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                 max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> ContextManager[DecodeSession]:
+                 max_sequences: int, max_tokens: int,
+                 pause: PauseFn | None = None) -> contextlib.AbstractContextManager[DecodeSession]:
     """The policy's own session when it has one (`SessionPolicy`), else a `GenerateSession` over `generate`."""
     if isinstance(policy, SessionPolicy):
         pause_kw = {} if pause is None else {"pause": pause}  # a third party's session may not take `pause`

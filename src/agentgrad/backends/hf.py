@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +14,12 @@ import torch.nn.functional as F
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
 from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden
-from agentgrad.backends.shared_prefix import (LeanForward, plan_shared_prefixes, shared_prefix_logits,
-                                              shared_prefix_logprobs)
+from agentgrad.backends.shared_prefix import (
+    LeanForward,
+    plan_shared_prefixes,
+    shared_prefix_logits,
+    shared_prefix_logprobs,
+)
 from agentgrad.batch import TokenBatch
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 

@@ -5,7 +5,7 @@ Plain Python over the frozen records of `agentgrad.types` (no torch), so each ru
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from agentgrad.types import ScoredTrajectory, TrajectoryGroup
 

@@ -28,8 +28,9 @@ log), `encode_episode` says so and the importer rescores the episode (`pipelines
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from agentgrad.types import FinalAnswer, Message, StopReason, Task, ToolCall, Trajectory, Turn
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from agentgrad.data.store import StoreRecord, from_json, to_json
 from agentgrad.registry import Registry

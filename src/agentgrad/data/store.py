@@ -18,13 +18,27 @@ import dataclasses
 import enum
 import json
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from agentgrad.faults import kill_point
-from agentgrad.types import (FinalAnswer, HeadDecision, InvalidAction, Message, RewardBreakdown, ScoredTrajectory,
-                             StopReason, Task, TokenMask, ToolCall, Trajectory, TrajectoryGroup, Turn)
+from agentgrad.types import (
+    FinalAnswer,
+    HeadDecision,
+    InvalidAction,
+    Message,
+    RewardBreakdown,
+    ScoredTrajectory,
+    StopReason,
+    Task,
+    TokenMask,
+    ToolCall,
+    Trajectory,
+    TrajectoryGroup,
+    Turn,
+)
 
 _RECORD_TYPES = {cls.__name__: cls for cls in (Task, ToolCall, FinalAnswer, InvalidAction, Message, Turn, TokenMask,
                                                HeadDecision, Trajectory, RewardBreakdown, ScoredTrajectory,

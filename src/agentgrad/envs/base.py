@@ -6,8 +6,9 @@ Environments see actions and text, never tokens or groups. They are deterministi
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentgrad.registry import Registry
 from agentgrad.types import Action, FinalAnswer, InvalidAction, Message, StopReason, Task, ToolCall, Trajectory, Turn
@@ -47,7 +48,8 @@ class Env(Protocol):
     connection).
     """
 
-    def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]: ...
+    def reset(self, *, seed: int | None = None,
+              options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]: ...
 
     def step(self, action: Action) -> StepResult: ...
 
@@ -221,7 +223,8 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
     - `check_env` passes on `env_checks` held-out tasks with the expert's actions.
 
     Raises SuiteCheckError naming the first problem; returns counts (distinct tasks per split, ...)."""
-    missing = [m for m in ("sample_tasks", "expert_actions", "verify", "make_env") if not callable(getattr(suite, m, None))]
+    missing = [m for m in ("sample_tasks", "expert_actions", "verify", "make_env")
+               if not callable(getattr(suite, m, None))]
     if missing or not isinstance(getattr(suite, "name", None), str):
         raise SuiteCheckError(f"not a TaskSuite: missing {', '.join(missing) or 'a str name'}")
     try:

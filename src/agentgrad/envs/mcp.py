@@ -8,7 +8,8 @@ tasks meet your own MCP server); an env with its own `step` talks to `agentgrad.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agentgrad.envs.base import TaskSuite, close_env, close_suite
 from agentgrad.envs.tool_env import ToolEnv

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from agentgrad.envs.base import ActionMask
 from agentgrad.tools.base import Tool, ToolResult, ToolSet

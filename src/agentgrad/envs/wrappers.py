@@ -7,7 +7,8 @@ the wrapped env. `unwrapped` is the innermost env, however many wrappers are sta
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from agentgrad.envs.base import ActionMask, Env, StepResult, close_env
 from agentgrad.types import Action

@@ -2,8 +2,9 @@
 
 `TINY_TEMPLATE` follows Qwen2.5's format (`<tool_call>{json}</tool_call>`, tool results as `<tool_response>`
 inside a user turn) with a compact system preamble and tools
-rendered as one-line signatures (`calculator(expression: string): Evaluate ...`) instead of JSON schemas. HF renders with trim_blocks, so a newline right after a
-block tag must be written as an expression: a tiny model pays for every prompt token in BC.
+rendered as one-line signatures (`calculator(expression: string): Evaluate ...`) instead of JSON schemas. HF renders
+with trim_blocks, so a newline right after a block tag must be written as an expression: a tiny model pays for every
+prompt token in BC.
 """
 
 TINY_TEMPLATE = (

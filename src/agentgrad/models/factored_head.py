@@ -13,9 +13,9 @@ saved as `tool_head.pt` next to the policy checkpoint; RL scores its decisions a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -88,7 +88,7 @@ class FactoredToolHead(nn.Module):
         torch.save(self.to_blob(), path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "FactoredToolHead":
+    def load(cls, path: str | Path) -> FactoredToolHead:
         blob = torch.load(path, weights_only=True)
         head = cls(blob["hidden_size"], [tuple(t) for t in blob["tools"]])
         head.load_state_dict(blob["state"])

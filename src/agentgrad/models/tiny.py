@@ -6,8 +6,8 @@ checkpoint (a local directory or a hub id such as Qwen2.5-0.5B-Instruct).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from agentgrad.models.chat_templates import SPECIAL_TOKENS, TINY_TEMPLATE, TOOL_TAG_TOKENS
 

@@ -12,9 +12,9 @@ is available, pass it as `--behaviour-model`: that gives the true pi/mu weights.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 
@@ -53,7 +53,8 @@ def rescore(model: torch.nn.Module, trajs: Sequence[Trajectory], temperature: fl
     for t in trajs:
         ids = torch.tensor([t.token_ids])  # (1, T)
         lp = token_logprobs(model, ids, torch.ones_like(ids), temperature)[0].tolist()  # (T,)
-        out.append(Trajectory(**{**t.__dict__, "logprobs": tuple(lp[i] if m else 0.0 for i, m in enumerate(t.loss_mask))}))
+        out.append(Trajectory(**{**t.__dict__,
+                                 "logprobs": tuple(lp[i] if m else 0.0 for i, m in enumerate(t.loss_mask))}))
     return out
 
 

@@ -45,7 +45,7 @@ class DemoLength:
     prompt_tokens: int
 
     @classmethod
-    def of(cls, demo: Trajectory) -> "DemoLength":
+    def of(cls, demo: Trajectory) -> DemoLength:
         return cls(len(demo.token_ids), len(demo.turns), max((t.end - t.start for t in demo.turns), default=0),
                    demo.prompt_length)
 
@@ -98,7 +98,7 @@ def check_demos_fit(demos: list[Trajectory], limits: EpisodeLimits, *,
     return fit
 
 
-def expert_demos(c: "Components", n: int, seed: int, *, logger: "RunLogger | None" = None) -> list[Trajectory]:
+def expert_demos(c: Components, n: int, seed: int, *, logger: RunLogger | None = None) -> list[Trajectory]:
     """`n` expert demonstrations of the suite's train split, encoded as rollouts are, less the few that do not fit
     the limits (counted: metric data/demos_dropped, and a warning line)."""
     tasks = c.suite.sample_tasks(n, split="train", seed=seed)

@@ -15,8 +15,9 @@ import copy
 import random
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -57,10 +58,10 @@ def dpo_update(c: Components, chosen: TokenBatch, rejected: TokenBatch, ref_chos
         rng.shuffle(order)
         for start in range(0, len(order), cfg.batch_size_pairs):
             rows = torch.tensor(order[start:start + cfg.batch_size_pairs])
-            w, l = chosen.select(rows), rejected.select(rows)
+            w, lose = chosen.select(rows), rejected.select(rows)
             chosen_logprobs = SCORING.policy(c.learner, w)  # (b, T)
             out = dpo_loss(sequence_logprobs(chosen_logprobs, w.loss_mask),
-                           sequence_logprobs(SCORING.policy(c.learner, l), l.loss_mask),
+                           sequence_logprobs(SCORING.policy(c.learner, lose), lose.loss_mask),
                            ref_chosen[rows], ref_rejected[rows], beta=cfg.beta, label_smoothing=cfg.label_smoothing)
             nll = sft_loss(chosen_logprobs, w.loss_mask)
             totals.update(c.learner.step(out.loss + cfg.nll_coef * nll))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from agentgrad.backends.base import Policy, SamplingParams
 from agentgrad.envs.base import TaskSuite, close_envs, episode_success

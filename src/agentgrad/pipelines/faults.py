@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -37,8 +37,8 @@ def mask_tool_faults(groups: Sequence[TrajectoryGroup]) -> list[TrajectoryGroup]
 
 def fault_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     """Tool faults (calls) and the samples masked for a tool fault or by a failing reward function."""
-    counts: Counter = Counter({k: 0 for k in (*INFRA_TOOL_ERRORS.values(), "faults/tool_fault_samples",
-                                              "faults/reward_failures")})
+    counts: Counter = Counter(dict.fromkeys(
+        (*INFRA_TOOL_ERRORS.values(), "faults/tool_fault_samples", "faults/reward_failures"), 0))
     for s in (s for g in groups for s in g.samples):
         counts.update(INFRA_TOOL_ERRORS[k] for k in _tool_faults(s))
         if s.reward.masked:

@@ -10,7 +10,7 @@ truncated as in IMPALA/TIS or masked). Fresh rows keep their own logprobs as pi_
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

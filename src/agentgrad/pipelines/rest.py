@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.batch import collate

@@ -11,8 +11,8 @@ metrics back to those offsets, so steps re-run after the checkpoint are recorded
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from agentgrad.checkpoint import LATEST, latest_run_state, load_run_state, save_run_state
 from agentgrad.config import Config, StageConfig

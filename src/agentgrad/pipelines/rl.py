@@ -11,14 +11,14 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from agentgrad.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageParams, masked_whiten
-from agentgrad.algos.kl import (KLController, kl_estimate, kl_loss, kl_reward_penalty, make_kl_controller,
-                               sequence_kl)
+from agentgrad.algos.kl import KLController, kl_estimate, kl_loss, kl_reward_penalty, make_kl_controller, sequence_kl
 from agentgrad.algos.losses import masked_mean, ppo_clip_loss, value_loss
 from agentgrad.algos.values import explained_variance
 from agentgrad.backends.base import SamplingParams
@@ -34,8 +34,14 @@ from agentgrad.logging import RunLogger
 from agentgrad.models.value import Critic, build_critic
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.faults import NonFiniteGuard, fault_metrics, mask_tool_faults
-from agentgrad.pipelines.replay import (add_fresh, build_replay, off_policy_correction, plan_step, sample_replay,
-                                        update_success_ema)
+from agentgrad.pipelines.replay import (
+    add_fresh,
+    build_replay,
+    off_policy_correction,
+    plan_step,
+    sample_replay,
+    update_success_ema,
+)
 from agentgrad.pipelines.run_state import Stage, StepHook, run_alone
 from agentgrad.registry import Registry
 from agentgrad.rewards.base import score

@@ -10,8 +10,9 @@ around it (`RunState`, `ScheduleState`, `RunInfo`) are frozen and replaced.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from agentgrad.config import Config
 from agentgrad.data.store import TrajectoryStore
@@ -59,7 +60,7 @@ class ScheduleState:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ScheduleState":
+    def from_dict(cls, d: Mapping[str, Any]) -> ScheduleState:
         return cls(stage_index=int(d["stage_index"]), stage_step=int(d["stage_step"]),
                    global_step=int(d["global_step"]), window=tuple(float(x) for x in d["window"]),
                    switches=tuple(StageSwitch(**s) for s in d["switches"]), stopped=bool(d.get("stopped", False)),
@@ -74,10 +75,10 @@ class RunInfo:
     """Held-out evaluations by tag (bc, final)."""
     steps_by_algo: Mapping[str, int] = field(default_factory=dict)
 
-    def with_eval(self, tag: str, result: Mapping[str, Any]) -> "RunInfo":
+    def with_eval(self, tag: str, result: Mapping[str, Any]) -> RunInfo:
         return dataclasses.replace(self, evals={**self.evals, tag: dict(result)})
 
-    def with_steps(self, algo: str, steps: int) -> "RunInfo":
+    def with_steps(self, algo: str, steps: int) -> RunInfo:
         return dataclasses.replace(self, steps_by_algo={**self.steps_by_algo,
                                                         algo: self.steps_by_algo.get(algo, 0) + steps})
 
@@ -85,7 +86,7 @@ class RunInfo:
         return {"evals": dict(self.evals), "steps_by_algo": dict(self.steps_by_algo)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RunInfo":
+    def from_dict(cls, d: Mapping[str, Any]) -> RunInfo:
         return cls(evals=dict(d.get("evals", {})), steps_by_algo=dict(d.get("steps_by_algo", {})))
 
 
@@ -119,10 +120,10 @@ class Stage(Generic[S]):
 
     budget: Callable[[Config], int]
     """The stage's steps (bc.steps, algo.steps, rest.iterations, dpo.iterations)."""
-    start: Callable[[Components, RunLogger, int, "Mapping[str, Any] | None"], S]
+    start: Callable[[Components, RunLogger, int, Mapping[str, Any] | None], S]
     """(c, logger, number of the stage's first step, a saved state_dict or None) -> its state. A resumed
     stage (saved) announces nothing: it did when it first started."""
-    step: Callable[[Components, RunLogger, "TrajectoryStore | None", S, int], Mapping[str, float]]
+    step: Callable[[Components, RunLogger, TrajectoryStore | None, S, int], Mapping[str, float]]
     """(c, logger, store, state, step number) -> the step's metrics."""
     finish: Callable[[Components, RunLogger, S, ScheduleState], None] = lambda c, logger, state, position: None
     stops: Callable[[S], bool] = never

@@ -9,7 +9,8 @@ at the same step) and returns it. Stage changes are logged (stage "schedule").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -21,8 +22,16 @@ from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.dpo import DPO_STAGE
 from agentgrad.pipelines.rest import REST_STAGE
 from agentgrad.pipelines.rl import ONLINE_ALGORITHMS, ONLINE_STAGE
-from agentgrad.pipelines.run_state import (RunState, Save, ScheduleState, Stage, StageState, StageSwitch, no_save,
-                                           run_stage)
+from agentgrad.pipelines.run_state import (
+    RunState,
+    Save,
+    ScheduleState,
+    Stage,
+    StageState,
+    StageSwitch,
+    no_save,
+    run_stage,
+)
 from agentgrad.registry import Registry
 
 STAGES: Registry[Stage] = Registry("stage algorithm")
@@ -132,7 +141,7 @@ def run_schedule(c: Components, logger: RunLogger, stages: Sequence[StageConfig]
                 run = dataclasses.replace(run, stage=kind.start(sc, logger, run.schedule.first_step(kind.numbered),
                                                                 None))
             run = run_stage(stage.algo, kind, sc, logger, run, store=store, save=save,
-                            advance=lambda p, metrics, stop: advance(p, stage, metrics, stop))
+                            advance=lambda p, metrics, stop, stage=stage: advance(p, stage, metrics, stop))
         taken = run.schedule.stage_step
         run = end_stage(run, index, stage, logger)
         if on_stage_end is not None:

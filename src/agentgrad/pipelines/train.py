@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
 
 from agentgrad.checkpoint import save_checkpoint
 from agentgrad.config import Config, StageConfig, load_config, save_config

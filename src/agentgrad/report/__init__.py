@@ -9,12 +9,12 @@ failed siblings side by side. Reads the run directory only; a run still in progr
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from agentgrad.report.data import (breakdowns, entropy_by_step, read_metrics, read_trajectories, timeline,
-                                   viewer_records)
+from agentgrad.report.data import breakdowns, entropy_by_step, read_metrics, read_trajectories, timeline, viewer_records
 
 HERE = Path(__file__).parent
 TOKENIZER_DIRS = ("checkpoints/final", "checkpoints/bc", "base-model")

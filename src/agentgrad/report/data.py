@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from agentgrad.data.store import SEGMENT_GLOB, StoreRecord, from_json
 from agentgrad.types import FinalAnswer, InvalidAction, ToolCall

@@ -6,8 +6,9 @@ works offline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from agentgrad.report.data import Timeline
 

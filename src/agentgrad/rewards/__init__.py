@@ -13,24 +13,88 @@
 No torch anywhere in this package.
 """
 
-from agentgrad.rewards.base import (REWARDS, BatchRewardFn, CombinedReward, OutcomeReward, RewardFactory, RewardFn,
-                                    RewardSpecError, RewardTimeoutError, TimedReward, apply_reward, apply_rewards,
-                                    as_breakdown, load_reward, make_outcome_reward, masked, score, with_timeout)
-from agentgrad.rewards.verifiers import (VERIFIERS, VerifierReward, exact_match, get_verifier, make_verifier_reward,
-                                         normalize_text, normalized_match, numeric_match, parse_number, set_match,
-                                         split_items)
-from agentgrad.rewards.process import (CODE_EXIT_ZERO, DEFAULT_FACTS, SEARCH_RESULTS, SQL_VALID, Fact, ProcessReward,
-                                       ProcessRewardConfig, dead_loop_penalties, fact_bonuses, make_process_reward,
-                                       make_shaped_reward, process_reward, repeated_call_turns, shaped_reward)
-from agentgrad.rewards.judge_backends import (CallableBackend, HFChatBackend, JudgeBackend, JudgeBackendError,
-                                              OpenAIChatBackend)
-from agentgrad.rewards.judge import (PASS_FAIL, RUBRICS, SCORE, Judge, JudgeInput, JudgeReward, JudgeVerdict, Rubric,
-                                     VerdictCache, judge_input, parse_verdict, render_transcript)
-from agentgrad.rewards.labels import CalibrationError, LabelledExample, labelled_trajectory, load_labels
-from agentgrad.rewards.calibration import (CalibrationReport, JudgeNotCalibratedError, agreement_report, calibrate,
-                                           calibrate_cli, read_report, require_calibrated, write_report)
+from agentgrad.rewards.base import (
+                                    REWARDS,
+                                    BatchRewardFn,
+                                    CombinedReward,
+                                    OutcomeReward,
+                                    RewardFactory,
+                                    RewardFn,
+                                    RewardSpecError,
+                                    RewardTimeoutError,
+                                    TimedReward,
+                                    apply_reward,
+                                    apply_rewards,
+                                    as_breakdown,
+                                    load_reward,
+                                    make_outcome_reward,
+                                    masked,
+                                    score,
+                                    with_timeout,
+)
+from agentgrad.rewards.calibration import (
+                                    CalibrationReport,
+                                    JudgeNotCalibratedError,
+                                    agreement_report,
+                                    calibrate,
+                                    calibrate_cli,
+                                    read_report,
+                                    require_calibrated,
+                                    write_report,
+)
+from agentgrad.rewards.judge import (
+                                    PASS_FAIL,
+                                    RUBRICS,
+                                    SCORE,
+                                    Judge,
+                                    JudgeInput,
+                                    JudgeReward,
+                                    JudgeVerdict,
+                                    Rubric,
+                                    VerdictCache,
+                                    judge_input,
+                                    parse_verdict,
+                                    render_transcript,
+)
+from agentgrad.rewards.judge_backends import (
+                                    CallableBackend,
+                                    HFChatBackend,
+                                    JudgeBackend,
+                                    JudgeBackendError,
+                                    OpenAIChatBackend,
+)
 from agentgrad.rewards.judge_factory import judge_reward, make_judge_reward
+from agentgrad.rewards.labels import CalibrationError, LabelledExample, labelled_trajectory, load_labels
 from agentgrad.rewards.metrics import reward_metrics
+from agentgrad.rewards.process import (
+                                    CODE_EXIT_ZERO,
+                                    DEFAULT_FACTS,
+                                    SEARCH_RESULTS,
+                                    SQL_VALID,
+                                    Fact,
+                                    ProcessReward,
+                                    ProcessRewardConfig,
+                                    dead_loop_penalties,
+                                    fact_bonuses,
+                                    make_process_reward,
+                                    make_shaped_reward,
+                                    process_reward,
+                                    repeated_call_turns,
+                                    shaped_reward,
+)
+from agentgrad.rewards.verifiers import (
+                                    VERIFIERS,
+                                    VerifierReward,
+                                    exact_match,
+                                    get_verifier,
+                                    make_verifier_reward,
+                                    normalize_text,
+                                    normalized_match,
+                                    numeric_match,
+                                    parse_number,
+                                    set_match,
+                                    split_items,
+)
 
 __all__ = [
     "REWARDS", "RewardFactory", "RewardFn", "OutcomeReward", "make_outcome_reward", "make_verifier_reward",
@@ -41,7 +105,8 @@ __all__ = [
     "normalize_text", "parse_number", "split_items", "get_verifier",
     "Fact", "ProcessRewardConfig", "ProcessReward", "process_reward", "shaped_reward", "fact_bonuses",
     "dead_loop_penalties", "repeated_call_turns", "DEFAULT_FACTS", "SEARCH_RESULTS", "CODE_EXIT_ZERO", "SQL_VALID",
-    "JudgeBackend", "OpenAIChatBackend", "CallableBackend", "HFChatBackend", "JudgeBackendError", "Rubric", "RUBRICS", "PASS_FAIL",
+    "JudgeBackend", "OpenAIChatBackend", "CallableBackend", "HFChatBackend", "JudgeBackendError", "Rubric", "RUBRICS",
+    "PASS_FAIL",
     "SCORE", "Judge", "JudgeInput", "JudgeVerdict", "JudgeReward", "VerdictCache", "judge_reward", "judge_input",
     "parse_verdict", "render_transcript",
     "CalibrationReport", "CalibrationError", "JudgeNotCalibratedError", "calibrate", "calibrate_cli",

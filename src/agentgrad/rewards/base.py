@@ -15,8 +15,9 @@ import inspect
 import math
 import numbers
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol, Sequence, Union
+from typing import Any, Protocol
 
 from agentgrad.envs.base import TaskSuite, episode_success
 from agentgrad.registry import ImportRefError, Registry, import_ref
@@ -107,7 +108,7 @@ def apply_rewards(reward_fn: RewardFn, trajectories: Sequence[Trajectory]) -> li
         values = list(batch(trajectories))
         if len(values) != len(trajectories):
             raise ValueError(f"batch returned {len(values)} rewards for {len(trajectories)} trajectories")
-    except Exception as exc:  # noqa: BLE001 - as in `_checked`: a failing reward masks, never a silent 0
+    except Exception as exc:
         return [masked(f"{type(exc).__name__}: {exc}")] * len(trajectories)
     return [_checked(lambda v=v: v, t) for v, t in zip(values, trajectories)]
 
@@ -182,7 +183,7 @@ def _label(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-WeightedFn = Union[RewardFn, tuple[RewardFn, float]]
+WeightedFn = RewardFn | tuple[RewardFn, float]
 
 
 class CombinedReward:

@@ -19,9 +19,10 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from agentgrad.rewards.judge import Judge
 from agentgrad.rewards.judge_backends import OpenAIChatBackend
@@ -87,7 +88,7 @@ class CalibrationReport:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CalibrationReport":
+    def from_dict(cls, d: Mapping[str, Any]) -> CalibrationReport:
         d = dict(d)
         c = d["confusion"]
         d["confusion"] = ((int(c[0][0]), int(c[0][1])), (int(c[1][0]), int(c[1][1])))

@@ -19,10 +19,11 @@ import json
 import math
 import re
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from agentgrad.registry import Registry
 from agentgrad.rewards.base import masked

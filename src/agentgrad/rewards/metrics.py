@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from agentgrad.rewards.process import repeated_call_turns
 from agentgrad.types import ScoredTrajectory, StopReason

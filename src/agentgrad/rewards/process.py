@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from agentgrad.rewards.base import REWARDS, CombinedReward, OutcomeReward, RewardFn
 from agentgrad.types import RewardBreakdown, StopReason, ToolCall, Trajectory, Turn
@@ -139,11 +140,11 @@ class ProcessRewardConfig:
             raise ValueError("penalties are magnitudes (subtracted): give them as numbers >= 0")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ProcessRewardConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> ProcessRewardConfig:
         """From plain config data (YAML). `facts` is a list of Fact fields, or a mapping {fact name: reward}
         that re-weights the default facts (reward 0 drops one); unknown keys raise ValueError."""
         data = dict(data)
-        unknown = set(data) - {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown process reward option(s) {sorted(unknown)}; "
                              f"valid: {sorted(cls.__dataclass_fields__)}")

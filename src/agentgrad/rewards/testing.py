@@ -8,10 +8,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from agentgrad.types import (FinalAnswer, InvalidAction, Message, StopReason, Task, ToolCall, Trajectory,
-                             Turn)
+from agentgrad.types import FinalAnswer, InvalidAction, Message, StopReason, Task, ToolCall, Trajectory, Turn
 
 _TOKENS_PER_TURN = 2
 _PROMPT_TOKENS = 3
@@ -58,7 +58,8 @@ def make_trajectory(turns: Sequence[Turn], *, task: Task | None = None, stop_rea
             end = len(ids)
         a = turn.action
         text = turn.text or (a.text if isinstance(a, FinalAnswer) else
-                             f"<tool_call>{json.dumps({'name': a.name, 'arguments': dict(a.arguments)}, default=str)}</tool_call>"
+                             "<tool_call>"
+                             f"{json.dumps({'name': a.name, 'arguments': dict(a.arguments)}, default=str)}</tool_call>"
                              if isinstance(a, ToolCall) else a.text)
         out.append(Turn(start, end, text, a, turn.observation, tool_ok=turn.tool_ok, tool_error=turn.tool_error,
                         signals=turn.signals, env_reward=turn.env_reward))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 from agentgrad.answers import (
     MATCHERS,
@@ -29,7 +30,7 @@ from agentgrad.types import RewardBreakdown, Trajectory
 __all__ = ["VERIFIERS", "Verifier", "VerifierReward", "exact_match", "get_verifier", "make_verifier_reward",
            "normalize_text", "normalized_match", "numeric_match", "parse_number", "set_match", "split_items"]
 
-Verifier = Callable[[Union[str, None], str], Union[bool, float]]
+Verifier = Callable[[str | None, str], bool | float]
 
 VERIFIERS: Registry[Callable[..., Any]] = Registry("verifier")
 

@@ -8,7 +8,8 @@ are byte-identical in format.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agentgrad.types import Message
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 import weakref
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -163,7 +164,7 @@ class MaskedTurn:
         return [TokenMask(pos, ids, allow) for pos, (ids, allow) in sorted(self._applied[row].items())]
 
 
-_DECODERS: "weakref.WeakKeyDictionary[ChatCodec, ToolNameDecoder | None]" = weakref.WeakKeyDictionary()
+_DECODERS: weakref.WeakKeyDictionary[ChatCodec, ToolNameDecoder | None] = weakref.WeakKeyDictionary()
 
 
 def _decoder(codec: ChatCodec, mode: MaskMode) -> ToolNameDecoder | None:

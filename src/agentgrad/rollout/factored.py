@@ -14,8 +14,9 @@ so the LM cannot extend `weather.get_rain` into a longer legal name (the masked 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

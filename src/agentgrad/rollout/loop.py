@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter, deque
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 from agentgrad.backends.base import DecodeSession, Generation, LogitsProcessor, Policy, SamplingParams, SessionPolicy
 from agentgrad.backends.generate_session import open_session
@@ -27,8 +28,19 @@ from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
 from agentgrad.rollout.factored import HeadCalls, HeadSpan, expert_spans
 from agentgrad.rollout.parser import parse_turn
-from agentgrad.types import (Action, FinalAnswer, HeadDecision, InvalidAction, Message, StopReason, Task, TokenMask,
-                             ToolCall, Trajectory, Turn)
+from agentgrad.types import (
+    Action,
+    FinalAnswer,
+    HeadDecision,
+    InvalidAction,
+    Message,
+    StopReason,
+    Task,
+    TokenMask,
+    ToolCall,
+    Trajectory,
+    Turn,
+)
 
 ActionHeadMode = Literal["tokens", "factored"]
 

@@ -10,8 +10,9 @@ import enum
 import inspect
 import re
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from agentgrad.registry import Registry
 from agentgrad.types import ToolCall
@@ -36,7 +37,7 @@ class ToolResult:
     signals: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def error(cls, kind: ToolErrorKind, message: str, **signals: Any) -> "ToolResult":
+    def error(cls, kind: ToolErrorKind, message: str, **signals: Any) -> ToolResult:
         return cls(text=f"error ({kind.value}): {message}", ok=False, error_kind=kind, signals=signals)
 
 
@@ -256,7 +257,7 @@ class ToolSet:
     def schemas(self) -> list[dict[str, Any]]:
         return [tool_schema(t) for t in self._tools.values()]
 
-    def overlaid(self, tools: "Sequence[Tool]") -> "ToolSet":
+    def overlaid(self, tools: Sequence[Tool]) -> ToolSet:
         """These tools with `tools` on top: one of the same name takes the other's place (so the prompt keeps
         its order), the rest come after."""
         served = {t.name: t for t in tools}

@@ -23,8 +23,9 @@ import logging
 import tempfile
 import threading
 import weakref
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from agentgrad.tools.base import Tool, ToolArgumentError, ToolErrorKind, ToolResult, validate_arguments
 
@@ -35,7 +36,7 @@ CLOSE_TIMEOUT_S = 10.0  # the SDK's stdio shutdown: stdin closed, 2 s grace, SIG
 MAX_LIST_PAGES = 100  # a tools/list paginator that never ends must not hang the start
 _CONNECTION_CLOSED, _REQUEST_TIMEOUT, _INVALID_PARAMS, _METHOD_NOT_FOUND = -32000, -32001, -32602, -32601
 _GROUPS = getattr(builtins, "BaseExceptionGroup", ())  # Python 3.11+ (3.10: a group reads as itself)
-_OPEN: "weakref.WeakSet[McpConnection]" = weakref.WeakSet()
+_OPEN: weakref.WeakSet[McpConnection] = weakref.WeakSet()
 
 
 class McpError(RuntimeError):
@@ -129,7 +130,7 @@ class McpConnection:
                 self._client = client
                 ready.set_result(tools)
                 await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001  (a cancelled or crashed transport ends the connection)
+        except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else McpError(_one_line(exc)))
             elif self._client is not None:
@@ -161,7 +162,7 @@ class McpConnection:
             return self._timed_out(tool)
         except self._sdk.MCPError as exc:
             return self._protocol_error(tool, exc)
-        except Exception as exc:  # noqa: BLE001  (a transport failure mid-call)
+        except Exception as exc:
             if self._client is None:  # the connection ended while the call was out
                 return self._gone()
             return ToolResult.error(ToolErrorKind.CRASHED, f"MCP tool {tool!r} on server {self.name!r}: "
@@ -225,11 +226,11 @@ class McpConnection:
         except concurrent.futures.TimeoutError:
             future.cancel()
             return self._timed_out(tool)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return ToolResult.error(ToolErrorKind.CRASHED, f"MCP tool {tool!r} on server {self.name!r}: "
                                                            f"{_one_line(exc)}")
 
-    def tools(self, only: Sequence[str] | None = None) -> list["McpTool"]:
+    def tools(self, only: Sequence[str] | None = None) -> list[McpTool]:
         """The server's tools as agentgrad Tools (in the server's order); `only` keeps those names, in its order."""
         by_name = {spec.name: spec for spec in self.tool_specs}
         if only is not None:
@@ -255,7 +256,7 @@ class McpConnection:
                 done = asyncio.run_coroutine_threadsafe(asyncio.wait({self._serving}), self._loop)
                 try:
                     done.result(CLOSE_TIMEOUT_S)
-                except Exception:  # noqa: BLE001  (shutdown is best effort past its deadline)
+                except Exception:
                     pass
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(CLOSE_TIMEOUT_S)
@@ -265,7 +266,7 @@ class McpConnection:
         if self._stderr is not None:
             self._stderr.close()
 
-    def __enter__(self) -> "McpConnection":
+    def __enter__(self) -> McpConnection:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -296,7 +297,8 @@ def result_of(result: Any) -> ToolResult:
     text = "\n".join(parts) if parts or structured is None else json.dumps(structured, ensure_ascii=False)
     if result.is_error:
         return ToolResult.error(ToolErrorKind.BAD_ARGUMENTS, " ".join(text.split()) or "the tool reported an error")
-    signals = dict(structured) if isinstance(structured, dict) else ({} if structured is None else {"structured": structured})
+    signals = (dict(structured) if isinstance(structured, dict)
+               else {} if structured is None else {"structured": structured})
     return ToolResult(text=text, signals=signals)
 
 
@@ -362,7 +364,7 @@ class McpToolbox:
         for conn in self.connections:
             conn.close()
 
-    def __enter__(self) -> "McpToolbox":
+    def __enter__(self) -> McpToolbox:
         return self
 
     def __exit__(self, *exc: Any) -> None:

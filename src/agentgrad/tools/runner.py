@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from agentgrad.registry import ImportRefError
 from agentgrad.tools.base import TOOLS, Tool, ToolErrorKind, ToolResult, make_tool

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class Corpus(Sequence[Document]):
             self._by_id[d.doc_id] = i
 
     @classmethod
-    def from_jsonl(cls, path: str | Path) -> "Corpus":
+    def from_jsonl(cls, path: str | Path) -> Corpus:
         """One JSON object per line with keys doc_id, title, text."""
         docs = []
         with open(path, encoding="utf-8") as f:
@@ -158,7 +159,7 @@ def make_search_tools(corpus: Corpus | Iterable[Document | Mapping[str, Any] | t
         return ToolResult(text="\n\n".join(lines),
                           signals={"results": len(hits), "doc_ids": [corpus[i].doc_id for i, _ in hits]})
 
-    def open(doc_id: str) -> ToolResult:  # noqa: A001  (the tool's name)
+    def open(doc_id: str) -> ToolResult:
         """Open a document by its id and return its full text.
 
         Args:

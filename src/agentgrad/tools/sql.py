@@ -103,7 +103,8 @@ def run_query(db_path: str | Path, query: str, *, timeout_s: float = 1.0, max_ro
     word = _first_word(query)
     if word not in _ALLOWED_FIRST_WORDS:
         return ToolResult.error(ToolErrorKind.DENIED,
-                                f"only read-only queries (SELECT, WITH, VALUES, EXPLAIN) are allowed, got {word or query[:20]!r}")
+                                "only read-only queries (SELECT, WITH, VALUES, EXPLAIN) are allowed, "
+                                f"got {word or query[:20]!r}")
     path = Path(db_path).resolve()
     if not path.is_file():
         return ToolResult.error(ToolErrorKind.NOT_FOUND, f"database {str(db_path)!r} does not exist")

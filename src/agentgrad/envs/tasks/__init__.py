@@ -14,7 +14,8 @@ import hashlib
 import random
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from agentgrad.answers import MATCHERS
 from agentgrad.envs.tool_env import ToolEnv
@@ -22,7 +23,7 @@ from agentgrad.tools.base import ToolSet
 from agentgrad.types import Task
 
 SPLITS = ("train", "heldout", "test")
-_SPLIT_BUCKETS = {"train": range(0, 8), "heldout": range(8, 9), "test": range(9, 10)}
+_SPLIT_BUCKETS = {"train": range(8), "heldout": range(8, 9), "test": range(9, 10)}
 
 
 def check_split(split: str) -> str:
@@ -54,8 +55,9 @@ def sample_in_split(n: int, split: str, make: Callable[[int, int], Task | None],
     """Build `n` tasks whose prompt hashes into `split`: `make(world, i)` proposes task number `i` from world
     number `world` (drawing from its own seeded generator; it may return None to skip).
 
-    A world gives at most `per_world` tasks; no question comes twice (per `task.metadata["world"]`); after `tries_per_world` proposals without
-    enough tasks the next world is used. Deterministic, and a longer list extends a shorter one."""
+    A world gives at most `per_world` tasks; no question comes twice (per `task.metadata["world"]`); after
+    `tries_per_world` proposals without enough tasks the next world is used. Deterministic, and a longer list
+    extends a shorter one."""
     check_split(split)
     tasks: list[Task] = []
     seen: set[str] = set()

@@ -11,9 +11,10 @@ a lookup whose answer (a city) feeds a weather lookup; or login, such a lookup, 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from agentgrad.envs.base import SUITES, ActionMask
 from agentgrad.envs.tasks import NameMaker, fictional_word, sample_in_split, stable_int, stream_rng, verify_by_kind

@@ -54,7 +54,8 @@ class ArithmeticSuite:
         if not o.operators or set(o.operators) - set("+-*"):
             raise ValueError("arithmetic operators must be a non-empty subset of '+-*'")
         if o.result_digits is not None:
-            largest = (10**o.max_digits - 1) ** o.max_operands if "*" in o.operators else o.max_operands * 10**o.max_digits
+            largest = ((10**o.max_digits - 1) ** o.max_operands if "*" in o.operators
+                       else o.max_operands * 10**o.max_digits)
             if not 1 <= o.result_digits <= len(str(largest)):
                 raise ValueError(f"result_digits={o.result_digits} is unreachable with these operand options")
 

@@ -8,8 +8,9 @@ answer; the gold answer comes from the same computation on the host and is check
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from agentgrad.envs.base import SUITES
 from agentgrad.envs.tasks import sample_in_split, stream_rng, verify_by_kind
@@ -203,7 +204,7 @@ class CodeSuite:
         """Stop this suite's sandbox servers (idempotent; a later python call starts a fresh pool)."""
         self.sandbox.close()
 
-    def __enter__(self) -> "CodeSuite":
+    def __enter__(self) -> CodeSuite:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -26,8 +26,8 @@ from typing import Any
 
 from agentgrad.envs.base import SUITES
 from agentgrad.envs.tasks import SPLITS, VERIFIERS, TaskToolEnv, check_split, split_of, stable_int, verify_by_kind
-from agentgrad.tools import python_tool as _python_tool  # noqa: F401  (registers the "python" tool)
 from agentgrad.registry import ImportRefError
+from agentgrad.tools import python_tool as _python_tool  # noqa: F401  (registers the "python" tool)
 from agentgrad.tools.base import TOOLS, Tool, ToolSet, make_tool
 from agentgrad.types import Action, FinalAnswer, Task, ToolCall
 

@@ -142,7 +142,7 @@ class MultiToolSuite:
         """Stop this suite's sandbox servers (idempotent)."""
         self.sandbox.close()
 
-    def __enter__(self) -> "MultiToolSuite":
+    def __enter__(self) -> MultiToolSuite:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -18,8 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad.envs.base import SUITES
-from agentgrad.envs.tasks import (LRUCache, NameMaker, TaskToolEnv, sample_in_split, stable_int, stream_rng,
-                                  verify_by_kind)
+from agentgrad.envs.tasks import (
+    LRUCache,
+    NameMaker,
+    TaskToolEnv,
+    sample_in_split,
+    stable_int,
+    stream_rng,
+    verify_by_kind,
+)
 from agentgrad.tools.base import ToolSet
 from agentgrad.tools.sql import make_sql_tool
 from agentgrad.types import Action, FinalAnswer, Task, ToolCall

@@ -13,8 +13,7 @@ The server modules use only the standard library: they are loaded, without this 
 `python -I` process.
 """
 
-from agentgrad.tools.sandbox._config import (ISOLATION_MODES, SandboxConfig, SandboxResult,
-                                             SandboxUnavailableError)
+from agentgrad.tools.sandbox._config import ISOLATION_MODES, SandboxConfig, SandboxResult, SandboxUnavailableError
 from agentgrad.tools.sandbox._lease import UidLeaseError
 from agentgrad.tools.sandbox._linux import ENV_MARKER
 from agentgrad.tools.sandbox._pool import SandboxPool, sandbox_capabilities

@@ -237,8 +237,8 @@ def hidden_inside(visible: list[str], hide: Any) -> list[str]:
 
 def build_root(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Build the allow-list root in this (new, private) mount namespace and pivot into it. Returns (what is
-    visible, what of it is covered). Sources are opened first (O_PATH) and bound through /proc/self/fd, so a source that lives where the
-    new root is built (a checkout under /tmp) still works."""
+    visible, what of it is covered). Sources are opened first (O_PATH) and bound through /proc/self/fd, so a source
+    that lives where the new root is built (a checkout under /tmp) still works."""
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
     paths = allowed_paths(cfg)
     fds = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in paths if not os.path.islink(p)}

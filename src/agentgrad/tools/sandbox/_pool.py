@@ -51,7 +51,7 @@ def _host_hidden_paths(config: SandboxConfig) -> list[str]:
 class _Worker:
     """One fork server process (one pool slot)."""
 
-    def __init__(self, pool: "SandboxPool", slot: int) -> None:
+    def __init__(self, pool: SandboxPool, slot: int) -> None:
         self.pool = pool
         self.slot = slot
         self.proc: Any = None
@@ -138,7 +138,7 @@ def _wait_or_kill(proc: Any, grace_s: float) -> None:
         proc.wait()
 
 
-_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
+_POOLS: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
 
 
 def _close_all_pools() -> None:
@@ -208,7 +208,7 @@ class SandboxPool:
                 worker.stop()
             self._idle.put(worker)
         resp.pop("_host_gone", None)
-        known = {f for f in SandboxResult.__dataclass_fields__}
+        known = set(SandboxResult.__dataclass_fields__)
         return SandboxResult(**{k: v for k, v in resp.items() if k in known})
 
     def capabilities(self) -> dict[str, Any]:
@@ -261,7 +261,7 @@ class SandboxPool:
         if self._lease is not None:
             self._lease.release()  # the servers held it too; they have exited
 
-    def __enter__(self) -> "SandboxPool":
+    def __enter__(self) -> SandboxPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
