@@ -220,7 +220,8 @@ def config(
     overrides: list[str] | None = typer.Argument(None, help="Dotted overrides to apply before showing."),
 ) -> None:
     """List every config key with its value and help text."""
-    from agentgrad.config import ConfigError, build_config, describe
+    from agentgrad.config import ConfigError, build_config
+    from agentgrad.config_reference import describe
 
     try:
         cfg = build_config(preset, overrides or []).to_dict()

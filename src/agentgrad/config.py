@@ -589,15 +589,3 @@ def load_config(path: str | Path) -> Config:
     except ValidationError as exc:
         raise ConfigError(_explain(exc)) from None
 
-
-def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every field: the `--help` of `agentgrad config`."""
-    rows = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows += describe(ann, f"{prefix}{name}.")
-        else:
-            default = field.get_default(call_default_factory=True)
-            rows.append((f"{prefix}{name}", repr(default), field.description or ""))
-    return rows

@@ -1,6 +1,7 @@
 import pytest
 
-from agentgrad.config import Config, ConfigError, build_config, describe, load_config, parse_overrides, save_config
+from agentgrad.config import Config, ConfigError, build_config, load_config, parse_overrides, save_config
+from agentgrad.config_reference import describe
 
 
 def test_defaults_and_dotted_overrides():
