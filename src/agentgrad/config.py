@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -50,6 +50,37 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     device: str = Field("cpu", description="torch device for policy and learner (cpu, cuda, cuda:1, ...).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    chat_template: str = Field("auto", description="Chat template: auto (the model's own; a Qwen3 template, which "
+                               "is not incremental, is swapped for agentgrad's incremental variant; the tiny model's "
+                               "own is its compact 'tiny' format), a family agentgrad ships (tiny, qwen2.5, qwen3, "
+                               "llama3: for the tiny model also its tokens), or a path to a .jinja file "
+                               "(docs/chat-templates.md).")
+    enable_thinking: bool | None = Field(None, description="Passed to the chat template as enable_thinking (Qwen3: "
+                                         "false closes an empty think block in every generation prompt); empty: "
+                                         "not passed (Qwen3 then thinks).")
+    tool_format: str = Field("auto", description="How turns are parsed into tool calls: auto (read off the chat "
+                             "template), hermes (<tool_call> blocks: Qwen2.5), qwen3 (a think block, then "
+                             "<tool_call> blocks) or llama3_json ({\"name\": ..., \"parameters\": ...}).")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
+
+        if value != "auto" and value not in TEMPLATE_FAMILIES and not (
+                value.endswith(".jinja") and Path(value).expanduser().is_file()):
+            raise ValueError(f"{value!r} is not 'auto', a template family ({', '.join(TEMPLATE_FAMILIES)}) "
+                             "or an existing .jinja file")
+        return value
+
+    @field_validator("tool_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        from agentgrad.rollout.formats import TOOL_FORMATS
+
+        if value != "auto" and value not in TOOL_FORMATS:
+            raise ValueError(f"{value!r} is not 'auto' or a tool-call format ({', '.join(TOOL_FORMATS)})")
+        return value
 
 
 class EnvConfig(_Section):
@@ -335,6 +366,9 @@ class Config(_Section):
         if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
             raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
                              f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
+        if self.model.path is None and self.model.chat_template.endswith(".jinja"):
+            raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
+                             "for one), not a .jinja file")
         return self
 
     @property
