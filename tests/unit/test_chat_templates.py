@@ -134,3 +134,23 @@ def test_each_family_round_trips_an_episode(tokenizers, arithmetic_suite, family
         # mask: exactly the policy's turns, each ending in eos
         assert [i for i, m in enumerate(traj.loss_mask) if m] == [i for t in traj.turns for i in range(t.start, t.end)]
         assert all(traj.token_ids[t.end - 1] in codec.eos_token_ids for t in traj.turns)
+
+
+def test_auto_swaps_qwen3s_own_template_for_the_variant_and_other_broken_templates_fail(tokenizers):
+    from agentgrad.config import ModelConfig
+    from agentgrad.models.hf import LoadedModel
+    from agentgrad.pipelines.components import chat_codec
+
+    def loaded(template: str) -> LoadedModel:
+        tok = copy.deepcopy(tokenizers["qwen3"])
+        tok.chat_template = template
+        return LoadedModel(model=None, tokenizer=tok, eos_token_ids=(tok.eos_token_id,), pad_token_id=0)
+
+    model = loaded(official("qwen3"))
+    with pytest.warns(UserWarning, match="not incremental.*model.chat_template=qwen3"):
+        codec = chat_codec(model, ModelConfig(enable_thinking=False))
+    assert model.tokenizer.chat_template == TEMPLATE_FAMILIES.get("qwen3").template  # checkpoints carry it
+    assert codec.template_kwargs == {"enable_thinking": False} and codec.tool_format.name == "qwen3"
+    path = str(DATA / OFFICIAL["qwen3"])  # named explicitly, the maker's template is not swapped: it fails
+    with pytest.raises(ChatTemplateError, match=r"(?s)character 745 \(line 20, column 3\).*before:.*after:"):
+        chat_codec(loaded(TEMPLATE_FAMILIES.get("tiny").template), ModelConfig(path="x", chat_template=path))
