@@ -75,7 +75,8 @@ def test_qwen3_template_is_not_incremental_and_the_checker_says_where(tokenizers
     assert first.before == ' + 7?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "c'
     assert first.after == ' + 7?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "argume'
     assert first.line == before[:turn].count("\n") + 1 and first.column == 3
-    with pytest.raises(ChatTemplateError, match=r"(?s)at character 51 \(line 4, column 1\).*model\.chat_template=qwen3"):
+    expected = r"(?s)at character 51 \(line 4, column 1\).*model\.chat_template=qwen3"
+    with pytest.raises(ChatTemplateError, match=expected):
         theirs.observation_ids([Message("tool", "360")])
 
 

@@ -64,4 +64,5 @@ def test_parsers_are_total_on_garbage(fmt):
         for action in parse(fmt, text):
             assert isinstance(action, (ToolCall, FinalAnswer, InvalidAction))
     deep = "{" + '"a": [' * 100000
-    assert all(isinstance(a, InvalidAction) for a in parse(fmt, f"<tool_call>{deep}</tool_call>" if fmt != "llama3_json" else deep))
+    text = deep if fmt == "llama3_json" else f"<tool_call>{deep}</tool_call>"
+    assert all(isinstance(a, InvalidAction) for a in parse(fmt, text))

@@ -62,7 +62,8 @@ PROBE_EPISODE: tuple[Message, ...] = (
     Message("user", "What is 12 * 30 + 7?"),
     Message("assistant", "", tool_calls=(ToolCall("calculator", {"expression": "12 * 30"}),)),
     Message("tool", "360"),
-    Message("assistant", "Now add 7 (\"seven\", ±0).", tool_calls=(ToolCall("calculator", {"expression": "360 + 7"}),)),
+    Message("assistant", "Now add 7 (\"seven\", ±0).",
+            tool_calls=(ToolCall("calculator", {"expression": "360 + 7"}),)),
     Message("tool", "367"),
     Message("assistant", "367"),
 )

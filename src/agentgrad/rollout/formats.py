@@ -76,8 +76,8 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
 def parse_qwen3(text: str) -> list[Action]:
     """Actions in a Qwen3 turn: the `<tool_call>` blocks after the think block, or the answer after it.
 
-    >>> parse_qwen3('<think>\\n\\n</think>\\n\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "1+2"}}\\n</tool_call>')
-    [ToolCall(name='calculator', arguments={'expression': '1+2'})]
+    >>> parse_qwen3('<think>\\n\\n</think>\\n\\n<tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')
+    [ToolCall(name='f', arguments={'x': 1})]
     >>> parse_qwen3('<think>\\nmaybe <tool_call> here?\\n</think>\\n\\nThe answer is 3.')
     [FinalAnswer(text='The answer is 3.')]
     """
