@@ -132,7 +132,7 @@ def eval_cmd(
     except (ConfigError, ModelLoadError, FileNotFoundError) as exc:
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
-    policy, codec = inference(loaded, batch_invariant=config.rollout.batch_invariant)
+    policy, codec = inference(loaded, config.model, batch_invariant=config.rollout.batch_invariant)
     from agentgrad.envs import close_suite
     from agentgrad.registry import ImportRefError, UnknownNameError
     from agentgrad.tools.mcp import McpError

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from agentgrad.config_sections import McpServerConfig, Section, TinyModelConfig
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -26,61 +28,46 @@ class ConfigError(ValueError):
     """A configuration problem, with a message that says which key and what is valid."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
-class TinyModelConfig(_Section):
-    hidden_size: int = Field(128, gt=0, description="Width of the embedded tiny model.")
-    num_layers: int = Field(4, gt=0, description="Transformer layers of the tiny model.")
-    num_heads: int = Field(4, gt=0, description="Attention heads of the tiny model.")
-    num_kv_heads: int = Field(2, gt=0, description="Key/value heads (grouped-query attention).")
-    intermediate_size: int = Field(384, gt=0, description="MLP width of the tiny model.")
-    vocab_size: int = Field(512, ge=300, description="BPE vocabulary trained locally (digits are single tokens).")
-    tokenizer_corpus_episodes: int = Field(400, gt=0, description="Expert episodes rendered to train the tokenizer.")
-    init_std: float = Field(0.06, gt=0, description="Std of the tiny model's initial weights (HF's "
-                            "initializer_range). HF's 0.02 left BC on a loss plateau for 200 to 600+ steps, "
-                            "seed- and CPU-dependent; 0.06 leaves it within ~80 (docs/learning.md).")
-    max_positions: int = Field(1024, gt=0, description="Context length of the tiny model: at least "
-                               "rollout.max_total_tokens (RoPE has no learnt positions, so it costs no parameters).")
-
-
-class ModelConfig(_Section):
+class ModelConfig(Section):
     path: str | None = Field(None, description="Local directory (or hub id) of an HF causal LM whose chat template "
                                                "renders tools; empty builds the embedded tiny model.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     device: str = Field("cpu", description="torch device for policy and learner (cpu, cuda, cuda:1, ...).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    chat_template: str = Field("auto", description="Chat template: auto (the model's own; a Qwen3 template, which "
+                               "is not incremental, is swapped for agentgrad's incremental variant; the tiny model's "
+                               "own is its compact 'tiny' format), a family agentgrad ships (tiny, qwen2.5, qwen3, "
+                               "llama3: for the tiny model also its tokens), or a path to a .jinja file "
+                               "(docs/chat-templates.md).")
+    enable_thinking: bool | None = Field(None, description="Passed to the chat template as enable_thinking (Qwen3: "
+                                         "false closes an empty think block in every generation prompt); empty: "
+                                         "not passed (Qwen3 then thinks).")
+    tool_format: str = Field("auto", description="How turns are parsed into tool calls: auto (read off the chat "
+                             "template), hermes (<tool_call> blocks: Qwen2.5), qwen3 (a think block, then "
+                             "<tool_call> blocks) or llama3_json ({\"name\": ..., \"parameters\": ...}).")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
+
+        if value != "auto" and value not in TEMPLATE_FAMILIES and not (
+                value.endswith(".jinja") and Path(value).expanduser().is_file()):
+            raise ValueError(f"{value!r} is not 'auto', a template family ({', '.join(TEMPLATE_FAMILIES)}) "
+                             "or an existing .jinja file")
+        return value
+
+    @field_validator("tool_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        from agentgrad.rollout.formats import TOOL_FORMATS
+
+        if value != "auto" and value not in TOOL_FORMATS:
+            raise ValueError(f"{value!r} is not 'auto' or a tool-call format ({', '.join(TOOL_FORMATS)})")
+        return value
 
 
-class McpServerConfig(_Section):
-    """One MCP server whose tools the env's episodes call (docs/mcp.md): a command for stdio, or a URL."""
-
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="What errors and the tools' category call "
-                      "this server.")
-    command: str | None = Field(None, description="stdio: the executable that starts the server (e.g. python).")
-    args: list[str] = Field(default_factory=list, description="stdio: the command's arguments.")
-    env: dict[str, str] = Field(default_factory=dict, description="stdio: environment variables for the server, "
-                                "over a minimal inherited set (HOME, PATH, ...; the SDK's default).")
-    cwd: str | None = Field(None, description="stdio: the server's working directory; made absolute (unset: the "
-                            "directory the run was configured in), so the run's config.yaml works from anywhere.")
-    url: str | None = Field(None, pattern=r"^https?://", description="Streamable HTTP: the endpoint, e.g. "
-                            "http://127.0.0.1:8000/mcp.")
-    headers: dict[str, str] = Field(default_factory=dict, description="Streamable HTTP: headers sent with "
-                                    "every request (e.g. Authorization).")
-    tools: list[str] | None = Field(None, description="Use only these of the server's tools (None: all it lists).")
-    timeout_s: float = Field(30.0, gt=0, description="A call that takes longer is a `timeout` error observation.")
-    connect_timeout_s: float = Field(60.0, gt=0, description="Starting, connecting and listing tools; longer is "
-                                     "a one-line error before the run starts.")
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
-        if (self.command is None) == (self.url is None):
-            raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
-        return self
-
-
-class EnvConfig(_Section):
+class EnvConfig(Section):
     name: str = Field("arithmetic", description="Task suite: a registered name (arithmetic, search-qa, ...), an "
                                                 "import path of your own suite class ('my_module:MySuite', the "
                                                 "current directory importable), or an entry point of "
@@ -94,14 +81,14 @@ class EnvConfig(_Section):
                                                "cwd) or url (+ headers); tools, timeout_s, connect_timeout_s.")
 
 
-class RewardConfig(_Section):
+class RewardConfig(Section):
     name: str = Field("outcome", description="Reward function: a registered name (outcome, verifier, process, "
                                              "shaped, judge) or 'module.path:callable'.")
     options: dict[str, Any] = Field(default_factory=dict, description="Options for the reward factory "
                                                                       "(e.g. cap, facts for 'shaped').")
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     max_turns: int = Field(4, gt=0, description="Policy turns per episode before it is stopped (max_turns).")
     max_new_tokens_per_turn: int = Field(48, gt=0, description="Generated tokens per turn.")
     max_total_tokens: int = Field(320, gt=0, description="Tokens per episode, prompt and observations included.")
@@ -137,7 +124,7 @@ class RolloutConfig(_Section):
                                                        "one more action).")
 
 
-class BCConfig(_Section):
+class BCConfig(Section):
     steps: int = Field(600, ge=0, description="Optimizer steps of behaviour cloning on expert trajectories (at most, "
                                              "with stop_at_success).")
     batch_size_episodes: int = Field(32, gt=0, description="Expert episodes per BC step.")
@@ -176,7 +163,7 @@ ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "rest", "dpo", "bc")
 AlgoName = Literal["grpo", "rloo", "reinforce_pp", "ppo", "rest", "dpo", "bc"]
 
 
-class AlgoConfig(_Section):
+class AlgoConfig(Section):
     name: AlgoName = Field("grpo", description="Algorithm of the stage after BC: online RL (grpo, rloo, "
                                                "reinforce_pp, ppo), rest, dpo, or bc (BC only). Ignored when "
                                                "schedule.stages is set.")
@@ -227,7 +214,7 @@ class AlgoConfig(_Section):
                                                           "at most (then train on what has signal).")
 
 
-class CriticConfig(_Section):
+class CriticConfig(Section):
     model: Literal["head", "separate"] = Field("head", description="ppo's value model: a linear head on the "
                                                "policy's (detached) hidden states, or a separate copy of the "
                                                "policy trunk with its own head and optimizer.")
@@ -237,7 +224,7 @@ class CriticConfig(_Section):
     whiten_advantages: bool = Field(True, description="Whiten GAE advantages over the batch's policy tokens.")
 
 
-class RestConfig(_Section):
+class RestConfig(Section):
     iterations: int = Field(10, ge=0, description="Grow/Improve iterations.")
     tasks_per_iteration: int = Field(16, gt=0, description="Tasks sampled by each Grow step.")
     samples_per_task: int = Field(8, gt=0, description="Samples per task (N) in each Grow step.")
@@ -249,7 +236,7 @@ class RestConfig(_Section):
     lr: float = Field(3e-4, gt=0, description="SFT learning rate of the Improve steps.")
 
 
-class DPOConfig(_Section):
+class DPOConfig(Section):
     iterations: int = Field(10, ge=0, description="Rollout/train iterations (online DPO).")
     tasks_per_iteration: int = Field(16, gt=0, description="Tasks rolled out per iteration.")
     samples_per_task: int = Field(8, ge=2, description="Samples per task; pairs are (success, failure) of a task.")
@@ -263,7 +250,7 @@ class DPOConfig(_Section):
                             "and from a 45% start it lost 15 points of held-out success here; 0 is plain DPO.")
 
 
-class StageConfig(_Section):
+class StageConfig(Section):
     algo: AlgoName = Field(..., description="Algorithm of this stage.")
     steps: int = Field(..., ge=0, description="Most steps (BC/RL steps, ReST or DPO iterations) of this stage.")
     until_metric: str | None = Field(None, description="Switch to the next stage early once the rolling mean of "
@@ -285,12 +272,12 @@ class StageConfig(_Section):
         return self
 
 
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     stages: list[StageConfig] = Field(default_factory=list, description="Stages run in order (empty: bc, then "
                                                                         "algo.name for algo.steps).")
 
 
-class ReplayConfig(_Section):
+class ReplayConfig(Section):
     enabled: bool = Field(False, description="Mix replayed groups (offline logs, earlier rollouts) into each RL "
                                              "step, with importance-weight correction.")
     offline_paths: list[str] = Field(default_factory=list, description="Store directories to preload (a run's "
@@ -315,7 +302,7 @@ class ReplayConfig(_Section):
     is_bound: float = Field(2.0, gt=0, description="Importance-weight bound.")
 
 
-class FaultsConfig(_Section):
+class FaultsConfig(Section):
     max_consecutive_nonfinite: int = Field(3, gt=0, description="Abort after this many optimizer updates in a row "
                                            "with a non-finite loss (each one is skipped, parameters unchanged).")
     mask_tool_faults: bool = Field(True, description="Mask samples whose tool timed out or crashed (an "
@@ -324,13 +311,13 @@ class FaultsConfig(_Section):
                                             "calls returns a timeout or crash instead of running.")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     num_tasks: int = Field(200, gt=0, description="Held-out tasks for evaluation.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature at evaluation (0: greedy).")
     batch_size: int = Field(100, gt=0, description="Episodes evaluated together.")
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     name: str | None = Field(None, description="Run name; defaults to a timestamp.")
     output_dir: str = Field("runs", description="Directory under which the run directory is created.")
     seed: int = Field(0, description="Seed for tasks, model init and sampling.")
@@ -348,7 +335,7 @@ SinkName = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
 """Metric sinks `metrics.sinks` accepts; `agentgrad.sinks.SINKS` implements them."""
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     sinks: list[SinkName] = Field(default_factory=list, description="Metric sinks besides metrics.jsonl (always "
                                   "written), several at once: tensorboard (RUN_DIR/tensorboard), wandb, mlflow. "
                                   "Their packages: pip install 'agentgrad[sinks]'. Each value is named "
@@ -363,7 +350,7 @@ class MetricsConfig(_Section):
     mlflow_experiment: str = Field("agentgrad", description="MLflow experiment name (created when missing).")
 
 
-class Config(_Section):
+class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -387,6 +374,9 @@ class Config(_Section):
         if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
             raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
                              f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
+        if self.model.path is None and self.model.chat_template.endswith(".jinja"):
+            raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
+                             "for one), not a .jinja file")
         return self
 
     @property

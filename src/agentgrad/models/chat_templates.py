@@ -5,7 +5,18 @@ inside a user turn) with a compact system preamble and tools
 rendered as one-line signatures (`calculator(expression: string): Evaluate ...`) instead of JSON schemas. HF renders
 with trim_blocks, so a newline right after a block tag must be written as an expression: a tiny model pays for every
 prompt token in BC.
+
+`TEMPLATE_FAMILIES` are the families `model.chat_template` names (tiny, qwen2.5, qwen3, llama3): a template and
+the tokens the tiny model's tokenizer gets for it. The qwen3 and llama3 templates are files in templates/
+(docs/chat-templates.md says how each relates to the model maker's own, which tests/data/chat_templates holds).
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentgrad.registry import Registry
 
 TINY_TEMPLATE = (
     "{% if tools %}"
@@ -81,3 +92,67 @@ QWEN25_STYLE_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def _shipped(name: str) -> str:
+    return (Path(__file__).parent / "templates" / name).read_text()
+
+
+@dataclass(frozen=True)
+class TemplateFamily:
+    """A chat-template family agentgrad ships: its template, and the tokens the tiny model's tokenizer gets for it
+    (a real checkpoint's vocabulary must already hold `required`). `tool_format` names its parser
+    (rollout/formats.py)."""
+
+    name: str
+    template: str
+    tool_format: str
+    special_tokens: tuple[str, ...]  # trained into the tiny BPE first, in this order (ids 0, 1, ...)
+    additional_special: tuple[str, ...]  # of those, the ones the HF tokenizer lists as additional special tokens
+    added_tokens: tuple[str, ...]  # added but not special: decoding with skip_special_tokens keeps them
+    eos_token: str
+    pad_token: str
+    bos_token: str | None = None
+    description: str = ""
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return self.special_tokens + self.added_tokens
+
+
+_QWEN_SPECIAL = tuple(SPECIAL_TOKENS)
+LLAMA3_SPECIAL = ("<|end_of_text|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                  "<|eom_id|>", "<|python_tag|>")
+THINK_TOKENS = ("<think>", "</think>")
+
+TEMPLATE_FAMILIES: Registry[TemplateFamily] = Registry("chat-template family")
+TEMPLATE_FAMILIES.add("tiny", TemplateFamily(
+    "tiny", TINY_TEMPLATE, "hermes", _QWEN_SPECIAL, ("<|im_start|>", "<|im_end|>"), tuple(TOOL_TAG_TOKENS),
+    "<|im_end|>", "<|endoftext|>", description="the default: Qwen2.5's format with a compact tool preamble"))
+TEMPLATE_FAMILIES.add("qwen2.5", TemplateFamily(
+    "qwen2.5", QWEN25_STYLE_TEMPLATE, "hermes", _QWEN_SPECIAL, ("<|im_start|>", "<|im_end|>"),
+    tuple(TOOL_TAG_TOKENS), "<|im_end|>", "<|endoftext|>", description="Qwen2.5-Instruct's tool-calling template"))
+TEMPLATE_FAMILIES.add("qwen3", TemplateFamily(
+    "qwen3", _shipped("qwen3_incremental.jinja"), "qwen3", _QWEN_SPECIAL, ("<|im_start|>", "<|im_end|>"),
+    (*TOOL_TAG_TOKENS, *THINK_TOKENS), "<|im_end|>", "<|endoftext|>",
+    description="Qwen3's template, made incremental (past think blocks kept); model.enable_thinking picks the mode"))
+TEMPLATE_FAMILIES.add("llama3", TemplateFamily(
+    "llama3", _shipped("llama3_json.jinja"), "llama3_json", LLAMA3_SPECIAL, LLAMA3_SPECIAL[1:], (),
+    "<|eot_id|>", "<|end_of_text|>", "<|begin_of_text|>",
+    description="Llama 3.1 / 3.3 Instruct's JSON tool calling"))
+
+
+def is_qwen3_template(template: str | None) -> bool:
+    """Whether a template is (a version of) Qwen3's: ChatML turns, <tool_call> blocks and think blocks."""
+    return bool(template) and all(t in template for t in ("<|im_start|>", "<tool_call>", "<think>", "</think>"))
+
+
+def chat_template_text(choice: str) -> str:
+    """The template that `model.chat_template` names: a family's (`TEMPLATE_FAMILIES`) or a .jinja file's text."""
+    if choice in TEMPLATE_FAMILIES:
+        return TEMPLATE_FAMILIES.get(choice).template
+    path = Path(choice).expanduser()
+    if path.suffix == ".jinja" and path.is_file():
+        return path.read_text()
+    raise ValueError(f"model.chat_template={choice!r}: not a template family ({', '.join(TEMPLATE_FAMILIES)}), "
+                     "'auto', or an existing .jinja file")

@@ -51,7 +51,7 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu")
     _check_template(tokenizer, path)
     vocab = tokenizer.get_vocab()
     missing = [t for t in TOOL_TAG_TOKENS[:2] if t not in vocab]
-    if missing:
+    if missing and TOOL_TAG_TOKENS[0] in tokenizer.chat_template:  # a <tool_call> format (not Llama 3's JSON)
         # Not fatal: the parser works on text, but tags split over several tokens make calls harder to learn.
         import warnings
 

@@ -9,17 +9,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from agentgrad.models.chat_templates import SPECIAL_TOKENS, TINY_TEMPLATE, TOOL_TAG_TOKENS
+from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
 
 
-def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = 512):
+def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = 512, family: str = "tiny"):
     """Byte-level BPE whose digits are always single tokens (tiny models only learn to copy numbers then).
 
-    Returns a `transformers.PreTrainedTokenizerFast` with the chat template and tool tags installed.
+    Returns a `transformers.PreTrainedTokenizerFast` with the chat template and the special and tool tokens of
+    `family` (models/chat_templates.py: tiny, qwen2.5, qwen3, llama3) installed.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    fam = TEMPLATE_FAMILIES.get(family)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -27,20 +29,20 @@ def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = 512):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(fam.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        bos_token=fam.bos_token,
+        eos_token=fam.eos_token,
+        pad_token=fam.pad_token,
+        additional_special_tokens=list(fam.additional_special),
     )
-    fast.add_tokens(TOOL_TAG_TOKENS, special_tokens=False)
-    fast.chat_template = TINY_TEMPLATE
+    fast.add_tokens(list(fam.added_tokens), special_tokens=False)
+    fast.chat_template = fam.template
     fast.padding_side = "left"
     return fast
 
@@ -64,7 +66,7 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
         tie_word_embeddings=True,
         initializer_range=init_std,
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model = Qwen2ForCausalLM(config)
@@ -73,11 +75,11 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
 
 
 def save_tiny_model(directory: str | Path, corpus: Iterable[str], *, vocab_size: int = 512, seed: int = 0,
-                    **model_kwargs) -> Path:
+                    family: str = "tiny", **model_kwargs) -> Path:
     """Train the tokenizer on `corpus`, build the model, and save both in HF format to `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size, family=family)
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

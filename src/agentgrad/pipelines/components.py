@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from agentgrad.backends.hf import HFPolicy, TorchLearner
-from agentgrad.config import Config
+from agentgrad.config import Config, ModelConfig
 from agentgrad.envs import TaskSuite
 from agentgrad.envs import make_suite as build_suite
 from agentgrad.models.factored_head import FactoredToolHead
-from agentgrad.models.hf import LoadedModel, load_model
+from agentgrad.models.hf import LoadedModel, ModelLoadError, load_model
 from agentgrad.rewards.base import RewardFn, load_reward
-from agentgrad.rollout.chat import ChatCodec
+from agentgrad.rollout.chat import INCREMENTAL_HINT, ChatCodec, ChatTemplateError
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
 from agentgrad.types import Message
 
@@ -57,15 +59,23 @@ def sampler_settings(config: Config) -> SamplerSettings:
                            action_head=r.action_head)
 
 
-def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int) -> list[str]:
-    """Expert chats rendered with the tiny chat template: the tokenizer's training corpus."""
+def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int, template: str | None = None,
+                               **template_vars: Any) -> list[str]:
+    """Expert chats rendered with a chat template (the tiny one by default): the tokenizer's training corpus.
+    Rendered as HF does (trim_blocks, lstrip_blocks, its tojson), before any tokenizer exists."""
+    import json
+
     import jinja2
 
     from agentgrad.models.chat_templates import TINY_TEMPLATE
 
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda x: __import__("json").dumps(x, ensure_ascii=False)
-    template = env.from_string(TINY_TEMPLATE)
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    compiled = env.from_string(template or TINY_TEMPLATE)
     texts = []
     for task in suite.sample_tasks(n, split="train", seed=seed + 7):
         senv = suite.make_env()
@@ -77,19 +87,30 @@ def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int) -> list[str]
                 msgs += [Message("assistant", "", tool_calls=(action,)), Message("tool", out[0])]
             else:
                 msgs.append(Message("assistant", action.text))
-        texts.append(template.render(messages=[m.to_chat() for m in msgs], tools=info["tools"],
-                                     add_generation_prompt=False))
+        texts.append(compiled.render(messages=[m.to_chat() for m in msgs], tools=info["tools"],
+                                     add_generation_prompt=False, **template_vars))
     return texts
 
 
+def _template_vars(config: Config) -> dict[str, Any]:
+    """What the chat template gets besides the chat: `enable_thinking` when the config sets it."""
+    thinking = config.model.enable_thinking
+    return {} if thinking is None else {"enable_thinking": thinking}
+
+
 def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path) -> Path:
+    from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
     from agentgrad.models.tiny import save_tiny_model
 
     if (directory / "config.json").exists():
         return directory
     t = config.model.tiny
-    corpus = _render_expert_transcripts(suite, t.tokenizer_corpus_episodes, config.run.seed)
-    return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed,
+    family = "tiny" if config.model.chat_template == "auto" else config.model.chat_template
+    fam = TEMPLATE_FAMILIES.get(family)
+    extra = {"bos_token": fam.bos_token, **_template_vars(config)} if family != "tiny" else {}
+    corpus = _render_expert_transcripts(suite, t.tokenizer_corpus_episodes, config.run.seed,
+                                        None if family == "tiny" else fam.template, **extra)
+    return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed, family=family,
                            hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                            num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
                            init_std=t.init_std, max_positions=t.max_positions)
@@ -126,11 +147,53 @@ def quiet_hf() -> None:
     hf_logging.set_verbosity_error()
 
 
-def inference(loaded: LoadedModel, *, batch_invariant: bool = False) -> tuple[HFPolicy, ChatCodec]:
+def chat_codec(loaded: LoadedModel, model: ModelConfig | None = None) -> ChatCodec:
+    """The codec of a loaded model under `model` (chat_template, enable_thinking, tool_format; None: the model's
+    own template and format). The template must be incremental (rollout/chat.py: check_incremental): with
+    chat_template=auto a Qwen3 template is swapped for the incremental variant, any other that is not raises
+    ChatTemplateError saying where its prefix changes. The tokenizer keeps the template used, so checkpoints
+    carry it."""
+    from agentgrad.models.chat_templates import TEMPLATE_FAMILIES, chat_template_text, is_qwen3_template
+
+    tok = loaded.tokenizer
+    choice = "auto" if model is None else model.chat_template
+    if choice != "auto":
+        tok.chat_template = chat_template_text(choice)
+        _check_vocab(tok, choice)
+    kwargs = {} if model is None or model.enable_thinking is None else {"enable_thinking": model.enable_thinking}
+    fmt = "auto" if model is None else model.tool_format
+
+    def codec() -> ChatCodec:
+        return ChatCodec(tok, loaded.eos_token_ids, template_kwargs=kwargs, tool_format=fmt)
+
+    found = codec().check()
+    if found and choice == "auto" and is_qwen3_template(tok.chat_template):
+        warnings.warn(f"the model's Qwen3 chat template is not incremental ({found[0].step}); using agentgrad's "
+                      "incremental variant (model.chat_template=qwen3, docs/chat-templates.md)", stacklevel=2)
+        tok.chat_template = TEMPLATE_FAMILIES.get("qwen3").template
+        found = codec().check()
+    if found:
+        raise ChatTemplateError(f"the chat template is not incremental: {found[0]}\n{INCREMENTAL_HINT}")
+    return codec()
+
+
+def _check_vocab(tokenizer: Any, family: str) -> None:
+    from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
+
+    if family not in TEMPLATE_FAMILIES:
+        return
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in TEMPLATE_FAMILIES.get(family).required if t not in vocab]
+    if missing:
+        raise ModelLoadError(f"model.chat_template={family}: the vocabulary lacks {', '.join(missing)}")
+
+
+def inference(loaded: LoadedModel, model: ModelConfig | None = None, *,
+              batch_invariant: bool = False) -> tuple[HFPolicy, ChatCodec]:
     """The sampling side of a loaded model: what training rollouts and `agentgrad eval` both use."""
     policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id,
                       batch_invariant=batch_invariant)
-    return policy, ChatCodec(loaded.tokenizer, loaded.eos_token_ids)
+    return policy, chat_codec(loaded, model)
 
 
 def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None) -> Components:
@@ -141,7 +204,7 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     suite = make_suite(config)
     path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
     loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
-    policy, codec = inference(loaded, batch_invariant=config.rollout.batch_invariant)
+    policy, codec = inference(loaded, config.model, batch_invariant=config.rollout.batch_invariant)
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.

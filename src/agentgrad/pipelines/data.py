@@ -139,7 +139,7 @@ def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
     quiet_hf()
     torch.set_num_threads(config.run.threads)
     loaded = load_model(model_path, dtype=config.model.dtype, device="cpu")
-    _, codec = inference(loaded)
+    _, codec = inference(loaded, config.model)
     behaviour = loaded.model if behaviour_model_path is None else load_model(behaviour_model_path).model
     suite = make_suite(config)
     reward_fn = load_reward(config.reward.name, suite, **config.reward.options)

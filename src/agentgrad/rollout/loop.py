@@ -27,7 +27,6 @@ from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
 from agentgrad.rollout.factored import HeadCalls, HeadSpan, expert_spans
-from agentgrad.rollout.parser import parse_turn
 from agentgrad.types import (
     Action,
     FinalAnswer,
@@ -104,11 +103,6 @@ def start_episode(env: Env, task: Task, codec: ChatCodec, *, seed: int | None, s
                     logprobs=[0.0] * len(ids), prompt_length=len(ids), messages=messages, offered_tools=offered)
 
 
-def _assistant_message(text: str, actions: Sequence[Action]) -> Message:
-    calls = tuple(a for a in actions if isinstance(a, ToolCall))
-    return Message("assistant", text if not calls else text.split("<tool_call>")[0].strip(), tool_calls=calls)
-
-
 def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: EpisodeLimits,
                token_masks: Sequence[TokenMask] = (), head_spans: Sequence[HeadSpan] = ()) -> list[Action]:
     """Record a generated turn's tokens and parse it. Returns the actions to step (none if the episode ended).
@@ -136,8 +130,8 @@ def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: EpisodeL
                              None))
         ep.stop_reason = StopReason.MAX_TOKENS
         return []
-    actions = parse_turn(text)
-    ep.messages.append(_assistant_message(text, actions))
+    actions = codec.parse(text)
+    ep.messages.append(codec.assistant_message(text, actions))
     return actions
 
 

@@ -1,4 +1,5 @@
-"""Parse a policy turn's text into one or more actions (Hermes / Qwen2.5 `<tool_call>{json}</tool_call>`).
+"""Parse a policy turn's text into one or more actions (Hermes / Qwen2.5 `<tool_call>{json}</tool_call>`; the
+other formats, and the registry that picks one per chat template, are in rollout/formats.py).
 
 Total: any string parses to a list of actions; text that tried to call a tool but failed becomes an
 `InvalidAction` carrying the reason, which the env turns into an error observation.
@@ -20,6 +21,12 @@ def _to_call(body: str, raw: str) -> Action:
         obj: Any = json.loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, over-long integers, absurd nesting
         return InvalidAction(raw, f"tool call is not valid JSON ({exc.__class__.__name__}: {exc})"[:300])
+    return call_from_json(obj, raw)
+
+
+def call_from_json(obj: Any, raw: str) -> Action:
+    """A decoded call object `{"name": ..., "arguments" (or "parameters"): {...}}` as an action; `raw` is the
+    text it came from, kept on an InvalidAction."""
     if not isinstance(obj, dict):
         return InvalidAction(raw, "tool call must be a JSON object with 'name' and 'arguments'")
     name = obj.get("name")
