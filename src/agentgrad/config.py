@@ -110,7 +110,7 @@ class RolloutConfig(Section):
     batch_invariant: bool = Field(False, description="Attend over the whole key length (max_total_tokens) at "
                                   "every decode step, so an episode's floats never depend on which episodes share "
                                   "its step: a fixed seed repeats tokens and logprobs bit for bit whatever the tool "
-                                  "timing, with overlap kept, at a cost in decode speed (27% fewer tokens/s on the "
+                                  "timing, with overlap kept, at a cost in decode speed (28% fewer tokens/s on the "
                                   "tiny model, benchmarks/rollout_throughput.py). Off, a draw that falls within "
                                   "rounding of a sampling boundary can flip a token when tool timing changes.")
     tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
