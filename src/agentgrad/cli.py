@@ -230,11 +230,19 @@ def config(
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Show the values of this preset (default: the "
                                                                  "one `agentgrad train` uses)."),
     overrides: list[str] | None = typer.Argument(None, help="Dotted overrides to apply before showing."),
+    as_markdown: bool = typer.Option(False, "--markdown", help="Print the configuration reference page instead "
+                                     "(docs/configuration.md: every key's type, default, preset value and help)."),
 ) -> None:
     """List every config key with its value and help text."""
     from agentgrad.config import ConfigError, build_config
-    from agentgrad.config_reference import describe
+    from agentgrad.config_reference import describe, markdown
 
+    if as_markdown:
+        try:
+            typer.echo(markdown(preset), nl=False)
+        except ConfigError as exc:
+            _fail(str(exc))
+        return
     try:
         cfg = build_config(preset, overrides or []).to_dict()
     except ConfigError as exc:
