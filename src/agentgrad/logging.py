@@ -32,7 +32,8 @@ def no_progress(done: int, total: int | None = None) -> None:
 
 
 class ProgressDisplay:
-    """One rich progress bar per stage, with the numbers a user watches: success, reward, KL, tokens/s."""
+    """One rich progress bar per stage, with the numbers a user watches (success, reward, KL, tokens/s), and one
+    per other long step (`track`). Off (`enabled` False) unless asked for and its console is a terminal."""
 
     FIELDS = (("rollout/success_rate", "success", "{:.0%}"), ("rollout/reward_mean", "reward", "{:.2f}"),
               ("loss/kl", "kl", "{:.4f}"), ("loss/approx_kl_old", "kl_old", "{:.4f}"), ("loss/bc", "bc_loss", "{:.3f}"),
@@ -76,6 +77,9 @@ class ProgressDisplay:
 
         try:
             yield update
+            shown = next(t for t in progress.tasks if t.id == task)
+            if shown.total is None:  # a count only known now (done: its total), or a spinner (shown as 1/1)
+                progress.update(task, total=shown.completed or 1, completed=shown.completed or 1)
         finally:
             if nested:
                 progress.remove_task(task)
