@@ -75,3 +75,13 @@ def test_a_short_train_run_shows_each_of_its_steps_on_a_terminal_and_none_on_a_p
     stdout, stderr = _run_cli([*TRAIN, f"run.output_dir={tmp_path}", "run.name=pipe"], stderr_tty=False)
     assert json.loads(stdout)["run_dir"].endswith("pipe")
     assert "━" not in stderr and "held-out success after BC" in stderr  # the result lines, no bars
+
+    # the run's commands afterwards: evaluating it again, importing a chat log with its model
+    _, stderr = _run_cli(["eval", str(tmp_path / "tty"), "--num-tasks", "12"], stderr_tty=True)
+    assert re.search(r"(^|\r|\n)held-out eval[^\r\n]* 12/12", stderr)
+    log = tmp_path / "expert.jsonl"
+    _run_cli(["data", "expert", "--episodes", "20", "--out", str(log)], stderr_tty=False)
+    stdout, stderr = _run_cli(["data", "import", str(log), "--out", str(tmp_path / "store"), "--model",
+                               str(tmp_path / "tty" / "base-model")], stderr_tty=True)
+    assert json.loads(stdout)["episodes"] == 20
+    assert re.search(r"(^|\r|\n)data import expert.jsonl[^\r\n]* 20/20", stderr)
