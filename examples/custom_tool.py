@@ -26,7 +26,13 @@ def convert(amount: float, source: str, target: str) -> str:
 
 
 if __name__ == "__main__":
+    import json
+
     tools = ToolSet([convert])
-    print(tools.schemas()[0])
-    print(tools.call(ToolCall("convert", {"amount": 10, "source": "EUR", "target": "USD"})))
-    print(tools.call(ToolCall("convert", {"amount": "ten", "source": "EUR", "target": "USD"})))  # bad_arguments
+    print("schema:", json.dumps(tools.schemas()[0]))  # what the model sees in its prompt
+    for call in (ToolCall("convert", {"amount": 10, "source": "EUR", "target": "USD"}),
+                 ToolCall("convert", {"amount": 10, "source": "EUR", "target": "GBP"}),  # raises: a typed error
+                 ToolCall("convert", {"amount": "ten", "source": "EUR", "target": "USD"})):  # schema violation
+        result = tools.call(call)
+        kind = result.error_kind.value if result.error_kind else None
+        print(f"{json.dumps(dict(call.arguments))} -> ok={result.ok} error_kind={kind} text={result.text!r}")

@@ -19,6 +19,13 @@ data_app = typer.Typer(no_args_is_help=True, help="Trajectory data: import offli
 app.add_typer(data_app, name="data")
 
 
+def _display(enabled: bool = True):
+    """The progress display (logging.py), on stderr and only on a terminal: stdout keeps the JSON answer."""
+    from agentgrad.logging import ProgressDisplay
+
+    return ProgressDisplay(enabled=enabled)
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -126,9 +133,11 @@ def eval_cmd(
     from agentgrad.pipelines.evaluate import evaluate
 
     quiet_hf()
+    display = _display(config.run.progress)
     try:
         ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
-        loaded = load_model(ckpt, dtype=config.model.dtype, device=config.model.device)
+        with display.track(f"loading {ckpt.name}"):
+            loaded = load_model(ckpt, dtype=config.model.dtype, device=config.model.device)
     except (ConfigError, ModelLoadError, FileNotFoundError) as exc:
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
@@ -144,11 +153,12 @@ def eval_cmd(
     if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
         _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
     policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
+    n = num_tasks or config.eval.num_tasks
     try:
-        result = evaluate(policy, codec, suite, episode_limits(config), sampler_settings(config),
-                          num_tasks=num_tasks or config.eval.num_tasks,
-                          seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
-                          batch_size=config.eval.batch_size)
+        with display.track("held-out eval", n) as progress:
+            result = evaluate(policy, codec, suite, episode_limits(config), sampler_settings(config), num_tasks=n,
+                              seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
+                              batch_size=config.eval.batch_size, progress=progress)
     finally:
         close_suite(suite)
     if as_json:
@@ -172,7 +182,8 @@ def report(
     from agentgrad.report import ReportError, build_report
 
     try:
-        path = build_report(run_dir, out, max_trajectories=max_trajectories)
+        with _display().track(f"report of {run_dir.name}"):
+            path = build_report(run_dir, out, max_trajectories=max_trajectories)
     except (ReportError, ImportError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({"report": str(path), "bytes": path.stat().st_size}))
@@ -198,7 +209,8 @@ def check(
         config = build_config(preset, overrides or [])
         suite = make_suite(config.env.name, config.env.options, mcp_servers=config.env.mcp_servers)
         reward_fn = load_reward(config.reward.name, suite, **config.reward.options)
-        report = check_suite(suite, n=tasks, seed=config.run.seed)
+        with _display().track(f"checking {config.env.name}"):
+            report = check_suite(suite, n=tasks, seed=config.run.seed)
     except (ConfigError, ImportRefError, UnknownNameError, RewardSpecError, SuiteCheckError, McpError) as exc:
         _fail(str(exc))
     except (TypeError, ValueError) as exc:  # the suite's constructor rejected its options
@@ -218,11 +230,19 @@ def config(
     preset: str = typer.Option("tiny-cpu", "--preset", "-p", help="Show the values of this preset (default: the "
                                                                  "one `agentgrad train` uses)."),
     overrides: list[str] | None = typer.Argument(None, help="Dotted overrides to apply before showing."),
+    as_markdown: bool = typer.Option(False, "--markdown", help="Print the configuration reference page instead "
+                                     "(docs/configuration.md: every key's type, default, preset value and help)."),
 ) -> None:
     """List every config key with its value and help text."""
     from agentgrad.config import ConfigError, build_config
-    from agentgrad.config_reference import describe
+    from agentgrad.config_reference import describe, markdown
 
+    if as_markdown:
+        try:
+            typer.echo(markdown(preset), nl=False)
+        except ConfigError as exc:
+            _fail(str(exc))
+        return
     try:
         cfg = build_config(preset, overrides or []).to_dict()
     except ConfigError as exc:
@@ -263,7 +283,7 @@ def judge_calibrate(
     """Score a judge against human labels; write accuracy, confusion matrix, precision/recall and kappa."""
     from agentgrad.rewards.calibration import calibrate_cli
 
-    raise typer.Exit(calibrate_cli(labels, base_url, model, out, threshold, rubric=rubric))
+    raise typer.Exit(calibrate_cli(labels, base_url, model, out, threshold, rubric=rubric, display=_display()))
 
 
 @data_app.command("import")
@@ -287,7 +307,9 @@ def data_import(
         _fail(str(exc))
     if not log.exists():
         _fail(f"no such log: {log}")
-    report = import_chat_log(config, log, out, model_path=model, behaviour_model_path=behaviour_model)
+    with _display(config.run.progress).track(f"data import {log.name}") as progress:
+        report = import_chat_log(config, log, out, model_path=model, behaviour_model_path=behaviour_model,
+                                 progress=progress)
     typer.echo(json.dumps(report.to_dict()))
 
 
@@ -302,8 +324,9 @@ def data_export(
     from agentgrad.config import build_config
     from agentgrad.pipelines.data import export_chat_log
 
-    typer.echo(json.dumps({"episodes": export_chat_log(build_config(preset, overrides or []), store, out),
-                           "out": str(out)}))
+    with _display().track(f"data export {store}") as progress:
+        episodes = export_chat_log(build_config(preset, overrides or []), store, out, progress=progress)
+    typer.echo(json.dumps({"episodes": episodes, "out": str(out)}))
 
 
 @data_app.command("expert")
@@ -324,12 +347,13 @@ def data_expert(
         config = build_config(preset, overrides or [])
         suite = make_suite(config.env.name, config.env.options, mcp_servers=config.env.mcp_servers)
         env = suite.make_env()  # for each task's tool schemas (a jsonl task has its own)
-        with out.open("w", encoding="utf-8") as fh:
-            for task in suite.sample_tasks(episodes, split="train", seed=seed):
+        with out.open("w", encoding="utf-8") as fh, _display().track("expert episodes", episodes) as progress:
+            for done, task in enumerate(suite.sample_tasks(episodes, split="train", seed=seed), start=1):
                 ep = expert_episode(suite, task)
                 _, info = env.reset(seed=0, options={"task": task})
                 fh.write(json.dumps(to_chat_line(ep, success=episode_success(suite, ep), tools=info.get("tools")))
                          + "\n")
+                progress(done, None)
         close_env(env)
     except (ConfigError, SuiteCheckError) as exc:
         _fail(str(exc))

@@ -178,6 +178,10 @@ class AlgoConfig(Section):
     dual_clip: float | None = Field(None, gt=1, description="Dual-clip bound c > 1 on negative-advantage tokens "
                                                             "(Ye et al. 2020); None: off.")
     norm_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr.GRPO).")
+    advantage_estimator: str | None = Field(None, description="Advantage estimator to use instead of the online "
+                                            "algorithm's own: a name in ADVANTAGE_ESTIMATORS or an import path "
+                                            "'package.module:function' (docs/adding-an-algorithm.md). None: grpo's, "
+                                            "rloo's, reinforce_pp's, or gae for ppo.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount: per turn for grpo/rloo/reinforce_pp, per policy "
                                                       "token for ppo's GAE.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (ppo only).")

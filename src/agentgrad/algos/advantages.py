@@ -86,7 +86,9 @@ class AdvantageOutput:
 
 AdvantageEstimator = Callable[[Tensor, Tensor, Tensor, "Tensor | None", AdvantageParams], AdvantageOutput]
 
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", plugins=True, entry_point_group="agentgrad.advantage_estimators")
+"""Built-in estimators by name; `algo.advantage_estimator` may also name a `module:function` or an entry point."""
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------

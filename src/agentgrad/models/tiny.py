@@ -6,10 +6,13 @@ checkpoint (a local directory or a hub id such as Qwen2.5-0.5B-Instruct).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
+
+TINY_BUILD_PHASES = ("tokenizer trained", "model built", "model and tokenizer saved")
+"""What `save_tiny_model` reports through its `progress(done, total)`, in order."""
 
 
 def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = 512, family: str = "tiny"):
@@ -75,12 +78,18 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
 
 
 def save_tiny_model(directory: str | Path, corpus: Iterable[str], *, vocab_size: int = 512, seed: int = 0,
-                    family: str = "tiny", **model_kwargs) -> Path:
-    """Train the tokenizer on `corpus`, build the model, and save both in HF format to `directory`."""
+                    family: str = "tiny", progress: Callable[[int, int | None], None] | None = None,
+                    **model_kwargs) -> Path:
+    """Train the tokenizer on `corpus`, build the model, and save both in HF format to `directory`;
+    `progress(done, total)` after each of `TINY_BUILD_PHASES`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    done = progress or (lambda done, total: None)
     tokenizer = train_tokenizer(corpus, vocab_size=vocab_size, family=family)
+    done(1, len(TINY_BUILD_PHASES))
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
+    done(2, None)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    done(3, None)
     return directory

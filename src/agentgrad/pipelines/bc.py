@@ -29,7 +29,8 @@ def bc_demos(c: Components, logger: RunLogger, *, announce: bool = True) -> list
     `announce`: log their counts (a resumed BC stage did when it started)."""
     cfg = c.config.bc
     if cfg.demos is None:
-        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1, logger=logger if announce else None)
+        return expert_demos(c, cfg.num_demos, seed=c.config.run.seed + 1, logger=logger if announce else None,
+                            display=logger.display)
     from agentgrad.pipelines.data import DemoLoadError, read_demos, suite_tools
 
     if c.tool_head is not None:

@@ -14,6 +14,7 @@ from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.config import Config, ModelConfig
 from agentgrad.envs import TaskSuite
 from agentgrad.envs import make_suite as build_suite
+from agentgrad.logging import ProgressDisplay, ProgressFn, no_progress
 from agentgrad.models.factored_head import FactoredToolHead
 from agentgrad.models.hf import LoadedModel, ModelLoadError, load_model
 from agentgrad.rewards.base import RewardFn, load_reward
@@ -60,7 +61,7 @@ def sampler_settings(config: Config) -> SamplerSettings:
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int, template: str | None = None,
-                               **template_vars: Any) -> list[str]:
+                               progress: ProgressFn = no_progress, **template_vars: Any) -> list[str]:
     """Expert chats rendered with a chat template (the tiny one by default): the tokenizer's training corpus.
     Rendered as HF does (trim_blocks, lstrip_blocks, its tojson), before any tokenizer exists."""
     import json
@@ -89,6 +90,7 @@ def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int, template: st
                 msgs.append(Message("assistant", action.text))
         texts.append(compiled.render(messages=[m.to_chat() for m in msgs], tools=info["tools"],
                                      add_generation_prompt=False, **template_vars))
+        progress(len(texts), None)
     return texts
 
 
@@ -98,22 +100,26 @@ def _template_vars(config: Config) -> dict[str, Any]:
     return {} if thinking is None else {"enable_thinking": thinking}
 
 
-def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path) -> Path:
+def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path,
+                         display: ProgressDisplay | None = None) -> Path:
     from agentgrad.models.chat_templates import TEMPLATE_FAMILIES
-    from agentgrad.models.tiny import save_tiny_model
+    from agentgrad.models.tiny import TINY_BUILD_PHASES, save_tiny_model
 
     if (directory / "config.json").exists():
         return directory
+    display = display or ProgressDisplay(enabled=False)
     t = config.model.tiny
     family = "tiny" if config.model.chat_template == "auto" else config.model.chat_template
     fam = TEMPLATE_FAMILIES.get(family)
     extra = {"bos_token": fam.bos_token, **_template_vars(config)} if family != "tiny" else {}
-    corpus = _render_expert_transcripts(suite, t.tokenizer_corpus_episodes, config.run.seed,
-                                        None if family == "tiny" else fam.template, **extra)
-    return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed, family=family,
-                           hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
-                           num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
-                           init_std=t.init_std, max_positions=t.max_positions)
+    with display.track("tiny model: tokenizer corpus", t.tokenizer_corpus_episodes) as progress:
+        corpus = _render_expert_transcripts(suite, t.tokenizer_corpus_episodes, config.run.seed,
+                                            None if family == "tiny" else fam.template, progress=progress, **extra)
+    with display.track("tiny model: tokenizer, weights, save", len(TINY_BUILD_PHASES)) as progress:
+        return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed, family=family,
+                               hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                               num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
+                               init_std=t.init_std, max_positions=t.max_positions, progress=progress)
 
 
 TOOL_HEAD_FILE = "tool_head.pt"
@@ -196,14 +202,17 @@ def inference(loaded: LoadedModel, model: ModelConfig | None = None, *,
     return policy, chat_codec(loaded, model)
 
 
-def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None) -> Components:
+def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None,
+                     display: ProgressDisplay | None = None) -> Components:
     """`model_path` (a resumed run's checkpoint) overrides config.model.path."""
     quiet_hf()
     torch.set_num_threads(config.run.threads)
     seed_everything(config.run.seed)
     suite = make_suite(config)
-    path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model")
-    loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
+    display = display or ProgressDisplay(enabled=False)
+    path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model", display)
+    with display.track(f"loading model {path}"):  # a real checkpoint: a spinner while it reads the weights
+        loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
     policy, codec = inference(loaded, config.model, batch_invariant=config.rollout.batch_invariant)
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head

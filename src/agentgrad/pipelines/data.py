@@ -23,6 +23,7 @@ from agentgrad.config import Config
 from agentgrad.data.offline import LogFormatError, encode_episode, read_log, to_chat_line
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.envs.base import TaskSuite, close_env, episode_success
+from agentgrad.logging import ProgressFn, no_progress
 from agentgrad.models.hf import load_model
 from agentgrad.pipelines.components import inference, make_suite, quiet_hf
 from agentgrad.rewards.base import apply_reward, load_reward
@@ -135,7 +136,10 @@ def read_demos(path: str | Path, codec: ChatCodec, default_tools: Sequence[dict]
 
 
 def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
-                    behaviour_model_path: str | None = None) -> ImportReport:
+                    behaviour_model_path: str | None = None, progress: ProgressFn = no_progress) -> ImportReport:
+    """Encode, score and store every episode of `log`; `progress(lines done, lines)` as it goes."""
+    with log.open(encoding="utf-8") as fh:
+        progress(0, sum(1 for line in fh if line.strip()))
     quiet_hf()
     torch.set_num_threads(config.run.threads)
     loaded = load_model(model_path, dtype=config.model.dtype, device="cpu")
@@ -156,6 +160,7 @@ def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
 
     with log.open() as fh:
         for parsed in read_log(fh):
+            progress(n + len(errors) + 1, None)
             if isinstance(parsed, LogFormatError):
                 errors.append(str(parsed))
                 continue
@@ -182,12 +187,14 @@ def import_chat_log(config: Config, log: Path, out: Path, *, model_path: str,
     return ImportReport(n, rescored, len(errors), masked, tuple(errors), str(out))
 
 
-def export_chat_log(config: Config, store_dir: Path, out: Path) -> int:
-    """Write a store's trajectories as an OpenAI-format chat log (with per-turn logprobs); returns the count."""
+def export_chat_log(config: Config, store_dir: Path, out: Path, *, progress: ProgressFn = no_progress) -> int:
+    """Write a store's trajectories as an OpenAI-format chat log (with per-turn logprobs); returns the count.
+    `progress(episodes read, None)`: a store does not know its length before it is read."""
     tools, _ = _default_tools(config)
     n = 0
     with out.open("w") as fh:
-        for s in TrajectoryStore(store_dir).trajectories():
+        for read, s in enumerate(TrajectoryStore(store_dir).trajectories(), start=1):
+            progress(read, None)
             if s.reward.masked:
                 continue
             fh.write(json.dumps(to_chat_line(s.trajectory, reward=s.total_reward, success=s.success, tools=tools))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentgrad.envs.base import close_env
+from agentgrad.logging import ProgressDisplay
 from agentgrad.rollout.loop import EpisodeLimits, expert_trajectory
 from agentgrad.types import StopReason, Trajectory
 
@@ -98,14 +99,19 @@ def check_demos_fit(demos: list[Trajectory], limits: EpisodeLimits, *,
     return fit
 
 
-def expert_demos(c: Components, n: int, seed: int, *, logger: RunLogger | None = None) -> list[Trajectory]:
+def expert_demos(c: Components, n: int, seed: int, *, logger: RunLogger | None = None,
+                 display: ProgressDisplay | None = None) -> list[Trajectory]:
     """`n` expert demonstrations of the suite's train split, encoded as rollouts are, less the few that do not fit
-    the limits (counted: metric data/demos_dropped, and a warning line)."""
+    the limits (counted: metric data/demos_dropped, and a warning line); a progress bar on `display`."""
     tasks = c.suite.sample_tasks(n, split="train", seed=seed)
     env = c.suite.make_env()
+    demos = []
     try:
-        demos = [expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits,
-                                   action_head=c.sampler.action_head) for t in tasks]
+        with (display or ProgressDisplay(enabled=False)).track("expert demonstrations", len(tasks)) as progress:
+            for t in tasks:
+                demos.append(expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits,
+                                               action_head=c.sampler.action_head))
+                progress(len(demos), None)
     finally:
         close_env(env)
     fit = check_demos_fit(demos, c.limits)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from agentgrad.backends.base import Policy, SamplingParams
 from agentgrad.envs.base import TaskSuite, close_envs, episode_success
+from agentgrad.logging import ProgressFn, no_progress
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.types import Task
@@ -80,16 +81,24 @@ def sample_distinct(suite: TaskSuite, n: int, *, split: str, seed: int, oversamp
 
 def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: EpisodeLimits, sampler: SamplerSettings, *,
              num_tasks: int, seed: int, temperature: float = 0.0, batch_size: int = 100,
-             split: str = "heldout") -> EvalResult:
+             split: str = "heldout", progress: ProgressFn = no_progress) -> EvalResult:
+    """Success over `num_tasks` distinct tasks of `split`; `progress(done, total)` as episodes end."""
     tasks = sample_distinct(suite, num_tasks, split=split, seed=seed)
     sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=temperature, seed=seed)
     trajectories = []
+    ended = [0]
+    progress(0, len(tasks))
+
+    def one_more(_: int) -> None:
+        ended[0] += 1
+        progress(ended[0], None)
+
     for i in range(0, len(tasks), batch_size):
         chunk = tasks[i:i + batch_size]
         envs = [suite.make_env() for _ in chunk]
         try:
             trajectories += run_episodes(policy, codec, envs, chunk, sampling=sampling, limits=limits,
-                                         sampler=sampler, seeds=[seed] * len(chunk))
+                                         sampler=sampler, seeds=[seed] * len(chunk), on_episode_end=one_more)
         finally:
             close_envs(envs)
     wins = sum(episode_success(suite, t) for t in trajectories)

@@ -67,6 +67,20 @@ def preflight(config: Config) -> None:
         load_reward(config.reward.name, suite, **config.reward.options)
     except Exception as exc:  # unknown name, a module that does not import (any error), an uncalibrated judge
         raise BadInputError(f"reward {config.reward.name!r}: {one_line(exc)}") from None
+    check_advantage_estimator(config.algo.advantage_estimator)
+
+
+def check_advantage_estimator(name: str | None) -> None:
+    from agentgrad.algos.advantages import ADVANTAGE_ESTIMATORS
+
+    if name is None:
+        return
+    try:
+        estimator = ADVANTAGE_ESTIMATORS.get(name)
+    except Exception as exc:  # unknown name, a module that does not import
+        raise BadInputError(f"algo.advantage_estimator: {one_line(exc)}") from None
+    if not callable(estimator):
+        raise BadInputError(f"algo.advantage_estimator: {name!r} is not callable")
 
 
 def _has_data(run_dir: Path) -> bool:

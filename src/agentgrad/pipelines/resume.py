@@ -63,7 +63,7 @@ def resume_run(config: Config, run_dir: Path, store: TrajectoryStore, stages: Se
     """Rebuild components from checkpoints/LATEST, restore optimizer, RNG and run state, cut store and metrics
     back."""
     directory, saved = latest_run_state(run_dir)
-    c = build_components(config, run_dir, model_path=directory)
+    c = build_components(config, run_dir, model_path=directory, display=logger.display)
     blobs = load_run_state(directory, c.learner.optimizer)
     schedule = ScheduleState.from_dict(saved["schedule"])
     # "rl_state": the name of the running stage's state in checkpoints written before every stage had one

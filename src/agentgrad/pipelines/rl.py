@@ -256,7 +256,7 @@ def penalise_rewards(batch: TokenBatch, coef: float) -> TokenBatch:
 
 def compute_advantages(c: Components, batch: TokenBatch, algorithm: OnlineAlgorithm) -> TokenBatch:
     algo = c.config.algo
-    estimator = ADVANTAGE_ESTIMATORS.get(algorithm.estimator)
+    estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator or algorithm.estimator)
     out = estimator(batch.token_rewards, batch.loss_mask, batch.group_index, batch.values,
                     AdvantageParams(gamma=algo.gamma, lam=algo.gae_lambda, norm_by_std=algo.norm_by_std))
     advantages = out.advantages  # (B, T)

@@ -36,10 +36,12 @@ def make_run_dir(config: Config) -> Path:
     return run_dir
 
 
-def held_out(c: Components) -> EvalResult:
+def held_out(c: Components, display: ProgressDisplay | None = None) -> EvalResult:
     e = c.config.eval
-    return evaluate(c.policy, c.codec, c.suite, c.limits, c.sampler, num_tasks=e.num_tasks, seed=c.config.run.seed,
-                    temperature=e.temperature, batch_size=e.batch_size)
+    display = display or ProgressDisplay(enabled=False)
+    with display.track("held-out eval", e.num_tasks) as progress:
+        return evaluate(c.policy, c.codec, c.suite, c.limits, c.sampler, num_tasks=e.num_tasks,
+                        seed=c.config.run.seed, temperature=e.temperature, batch_size=e.batch_size, progress=progress)
 
 
 def checkpoint(c: Components, run_dir: Path, tag: str) -> Path:
@@ -55,7 +57,7 @@ def start_or_resume(config: Config, run_dir: Path, resume: bool, store: Trajecto
     # A fresh run, or one killed before its first checkpoint (inside its first stage): start over.
     truncate_file(run_dir / "metrics.jsonl", 0)
     store.truncate(0)
-    return build_components(config, run_dir), RunState()
+    return build_components(config, run_dir, display=display), RunState()
 
 
 def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) -> dict:
@@ -78,7 +80,7 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
     leading_bc = next((i for i, s in enumerate(stages) if s.algo != "bc"), len(stages))
 
     def report(run: RunState, tag: str, step: int, label: str) -> RunState:
-        result = held_out(c)
+        result = held_out(c, display)
         logger.log(step, f"eval_{tag}", {"eval/success_rate": result.success_rate})
         display.print(f"held-out success after {label}: {result.success_rate:.1%} "
                       f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, n={result.num_tasks})")

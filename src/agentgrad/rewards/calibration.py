@@ -19,11 +19,12 @@ import json
 import math
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgrad.logging import ProgressDisplay
 from agentgrad.rewards.judge import Judge
 from agentgrad.rewards.judge_backends import OpenAIChatBackend
 from agentgrad.rewards.labels import CalibrationError, LabelledExample, load_labels
@@ -141,8 +142,10 @@ def agreement_report(judge_id: str, labels: Sequence[int], verdicts: Sequence[in
 
 
 def calibrate(judge: Judge, labels_path: str | Path, *, min_examples: int = MIN_EXAMPLES,
-              pass_threshold: float = 0.5, max_workers: int = 4) -> CalibrationReport:
-    """Ask `judge` about every labelled example and report its agreement with the human labels.
+              pass_threshold: float = 0.5, max_workers: int = 4,
+              progress: Callable[[int, int | None], None] | None = None) -> CalibrationReport:
+    """Ask `judge` about every labelled example and report its agreement with the human labels;
+    `progress(verdicts, examples)` as verdicts come in.
 
     A verdict counts as PASS when its score >= `pass_threshold`. Needs at least `min_examples` examples and
     both classes present (CalibrationError otherwise).
@@ -155,7 +158,10 @@ def calibrate(judge: Judge, labels_path: str | Path, *, min_examples: int = MIN_
     labels = [e.label for e in examples]
     if len(set(labels)) < 2:
         raise CalibrationError(f"{path} has only label {labels[0]}: both classes (0 and 1) are needed")
-    results = judge.judge_many([e.trajectory for e in examples], max_workers=max_workers)
+    shown = progress or (lambda done, total: None)
+    shown(0, len(examples))
+    results = judge.judge_many([e.trajectory for e in examples], max_workers=max_workers,
+                               on_verdict=lambda count: shown(count, None))
     verdicts = [None if r.score is None else int(r.score >= pass_threshold) for r in results]
     errors = tuple(f"line {e.line}: {r.error}" for e, r in zip(examples, results) if r.error)[:5]
     return agreement_report(
@@ -219,14 +225,17 @@ def require_calibrated(judge_id: str, report_path: str | Path | None, threshold:
 def calibrate_cli(labels: str | Path, base_url: str, model: str, out: str | Path,
                   threshold: float = DEFAULT_THRESHOLD, *, rubric: str = "pass_fail", criteria: str = "",
                   min_examples: int = MIN_EXAMPLES, api_key_env: str | None = None, timeout_s: float = 60.0,
-                  max_workers: int = 4, cache_path: str | Path | None = None) -> int:
+                  max_workers: int = 4, cache_path: str | Path | None = None,
+                  display: ProgressDisplay | None = None) -> int:
     """`agentgrad judge calibrate --labels FILE.jsonl`: calibrate an OpenAI-compatible judge, write the report
     to `out`, print a summary. Exit code: 0 accepted (accuracy >= threshold), 1 below threshold (the report is
-    still written), 2 error (bad labels, unreachable endpoint for every example, ...)."""
+    still written), 2 error (bad labels, unreachable endpoint for every example, ...). A bar on `display` while
+    the judge answers (closed before the summary goes to stdout)."""
     try:
         backend = OpenAIChatBackend(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s)
         judge = Judge(backend, rubric, criteria=criteria, cache=cache_path if cache_path is not None else True)
-        report = calibrate(judge, labels, min_examples=min_examples, max_workers=max_workers)
+        with (display or ProgressDisplay(enabled=False)).track(f"judge calibrate ({model})") as progress:
+            report = calibrate(judge, labels, min_examples=min_examples, max_workers=max_workers, progress=progress)
     except (CalibrationError, OSError, ValueError) as exc:
         print(f"judge calibrate: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -368,13 +368,22 @@ class Judge:
             self.cache.put(key, score, reply)
         return JudgeVerdict(score=score, reply=reply)
 
-    def judge_many(self, trajectories: Sequence[Trajectory], *, max_workers: int = 4) -> list[JudgeVerdict]:
+    def judge_many(self, trajectories: Sequence[Trajectory], *, max_workers: int = 4,
+                   on_verdict: Callable[[int], None] | None = None) -> list[JudgeVerdict]:
         """Judge several trajectories, at most `max_workers` requests in flight (I/O-bound: threads suffice);
-        verdicts in the order of `trajectories`."""
+        verdicts in the order of `trajectories`. `on_verdict(count)` after each verdict (from this thread)."""
+        counted = on_verdict or (lambda count: None)
         if max_workers <= 1 or len(trajectories) <= 1:
-            return [self.judge(t) for t in trajectories]
+            verdicts = []
+            for t in trajectories:
+                verdicts.append(self.judge(t))
+                counted(len(verdicts))
+            return verdicts
         with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="judge") as pool:
-            return list(pool.map(self.judge, trajectories))
+            futures = [pool.submit(self.judge, t) for t in trajectories]
+            for count, _ in enumerate(as_completed(futures), start=1):
+                counted(count)
+            return [f.result() for f in futures]
 
     def __repr__(self) -> str:
         return f"Judge({self.judge_id!r})"

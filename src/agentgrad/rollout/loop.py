@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal
@@ -205,7 +205,8 @@ def _turn_budget(ep: _Episode, limits: EpisodeLimits) -> int:
 def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: Sequence[Task], *,
                  sampling: SamplingParams, limits: EpisodeLimits, sampler: SamplerSettings = SamplerSettings(),
                  seeds: Sequence[int | None] | None = None, sample_indices: Sequence[int] | None = None,
-                 policy_version: int = 0, logits_processor: LogitsProcessor | None = None) -> list[Trajectory]:
+                 policy_version: int = 0, logits_processor: LogitsProcessor | None = None,
+                 on_episode_end: Callable[[int], None] | None = None) -> list[Trajectory]:
     """Run one episode per (env, task) pair and return their trajectories in input order.
 
     Up to `sampler.max_concurrent_episodes` episodes are in flight on one decode session (`open_session`: the
@@ -220,6 +221,8 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
     With `sampler.action_head == "factored"`, tool names are chosen by the policy's `tool_head` at the call
     position instead of sampled as tokens (rollout/factored.py); this needs a `SessionPolicy` (a turn pauses
     there), and the tool-name mask is then on in every state (it closes the chosen name).
+
+    `on_episode_end(index)` is called as each episode ends (for a progress display; it changes nothing).
     """
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks")
@@ -231,6 +234,10 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         if ep.prompt_length >= limits.max_total_tokens:
             ep.stop_reason = StopReason.MAX_TOKENS
     live = [i for i, ep in enumerate(episodes) if not ep.done]
+    ended = on_episode_end or (lambda i: None)
+    for i, ep in enumerate(episodes):
+        if ep.done:
+            ended(i)
     calls = _head_calls(policy, codec, sampling, sampler, len(episodes))
     masker = episode_masks(codec, "on" if calls is not None else sampler.tool_name_mask,
                            [ep.env.legal_actions() for ep in episodes], [ep.offered_tools for ep in episodes])
@@ -246,7 +253,7 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
               as pool,
               open_session(policy, turn_sampling, processor, max_sequences=capacity,
                            max_tokens=limits.max_total_tokens, pause=pause) as session):
-            _Schedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain).run(live)
+            _Schedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain, ended).run(live)
     return [finish_episode(ep, policy_version) for ep in episodes]
 
 
@@ -279,9 +286,9 @@ class _Schedule:
 
     def __init__(self, session: DecodeSession, pool: ThreadPoolExecutor, codec: ChatCodec, episodes: list[_Episode],
                  limits: EpisodeLimits, masker: EpisodeMasks | None, calls: HeadCalls | None, capacity: int,
-                 drain: bool) -> None:
+                 drain: bool, ended: Callable[[int], None]) -> None:
         self.session, self.pool, self.codec, self.episodes, self.limits = session, pool, codec, episodes, limits
-        self.masker, self.calls, self.capacity, self.drain = masker, calls, capacity, drain
+        self.masker, self.calls, self.capacity, self.drain, self.ended = masker, calls, capacity, drain, ended
         self.waiting: deque[int] = deque()
         self.in_tools: dict[Future, int] = {}
         self.in_flight = 0
@@ -327,6 +334,7 @@ class _Schedule:
     def _retire(self, i: int) -> None:
         self.session.release(i)
         self.in_flight -= 1
+        self.ended(i)
         self._admit()
 
     def _generated(self, i: int, gen: Generation) -> None:
