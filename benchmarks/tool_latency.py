@@ -11,8 +11,8 @@ Rows are schedules (`SamplerSettings`):
 - queued, eager: `waiting_episodes=64` without the deterministic schedule (answers rejoin when they arrive);
 - continuous, eager: `waiting_episodes=0` without the deterministic schedule (a waiting episode keeps its slot).
 
-The latencies of one schedule run interleaved (0 ms, 50 ms, 200 ms, 0 ms, ...), so machine load hits all;
-medians, with the range of the per-round ratios.
+Every schedule and latency runs once per round, interleaved, so machine load drift hits all alike; medians,
+with the range of the per-round ratios (latency over 0 ms, same schedule, same round).
 
     nice -n 19 python benchmarks/tool_latency.py [--repeats 5] [--threads 1] [--tool-wait-steps 8]
 """
@@ -94,25 +94,27 @@ def main() -> None:
         info["cpu"] = time.process_time() - c0
         return sum(t.num_generated_tokens for t in trajs) / dt, [(t.token_ids, t.logprobs) for t in trajs]
 
-    rows = []
-    for name in args.schedules.split(","):
-        sampler = schedules[name]
-        rollout(sampler, 0.0)  # warm-up
-        speed: dict[float, list[float]] = {lat: [] for lat in latencies}
-        same: dict[float, bool] = dict.fromkeys(latencies, True)
-        for _ in range(args.repeats):
+    names = args.schedules.split(",")
+    speed = {(name, lat): [] for name in names for lat in latencies}
+    same = dict.fromkeys(speed, True)
+    reference = {}
+    for name in names:
+        rollout(schedules[name], 0.0)  # warm-up
+    for _ in range(args.repeats):  # every schedule and latency once per round: load drift hits all alike
+        for name in names:
             for lat in latencies:
-                tok_s, out = rollout(sampler, lat)
-                speed[lat].append(tok_s)
-                if lat == 0.0:
-                    reference = out
-                same[lat] &= out == reference
-        ideal = median(speed[0.0])
-        row = [name, f"{ideal:.0f} ({min(speed[0.0]):.0f}-{max(speed[0.0]):.0f})"]
+                tok_s, out = rollout(schedules[name], lat)
+                speed[name, lat].append(tok_s)
+                reference.setdefault(name, out)
+                same[name, lat] &= out == reference[name]
+    rows = []
+    for name in names:
+        base = speed[name, 0.0]
+        row = [name, f"{median(base):.0f} ({min(base):.0f}-{max(base):.0f})"]
         for lat in latencies[1:]:
-            ratios = [s / i for s, i in zip(speed[lat], speed[0.0])]
-            row.append(f"{median(speed[lat]):.0f}: {median(speed[lat]) / ideal:.2f}x "
-                       f"({min(ratios):.2f}-{max(ratios):.2f}){'' if same[lat] else ' *'}")
+            ratios = [s / i for s, i in zip(speed[name, lat], base)]
+            row.append(f"{median(speed[name, lat]):.0f}: {median(speed[name, lat]) / median(base):.2f}x "
+                       f"({min(ratios):.2f}-{max(ratios):.2f}){'' if same[name, lat] else ' *'}")
         rows.append(tuple(row))
     print(f"\n{args.episodes} episodes queued, {n} decoding at once, {info['calls']:.2f} tool calls per episode, "
           f"threads={args.threads}, tool_wait_steps={args.tool_wait_steps}, median of {args.repeats} "

@@ -114,7 +114,7 @@ class RolloutConfig(Section):
                                   "answer is taken back tool_wait_steps decode steps after its call (waiting for "
                                   "it if late), so the floats still never depend on tool timing. 0: off (an "
                                   "episode waiting on a tool keeps its slot).")
-    tool_wait_steps: int = Field(0, ge=0, description="With waiting_episodes and deterministic_schedule: decode "
+    tool_wait_steps: int = Field(8, ge=0, description="With waiting_episodes and deterministic_schedule: decode "
                                  "steps that run between a tool call and the taking back of its answer (sooner "
                                  "when nothing else is left to decode). Near the tool's latency over one decode "
                                  "step's time hides it; larger only delays the episode.")

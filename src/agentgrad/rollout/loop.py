@@ -63,7 +63,7 @@ class SamplerSettings:
     tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
     deterministic_schedule: bool = False  # drain all tool calls after each decode step (timing-independent floats)
     waiting_episodes: int = 0  # extra episodes kept while others wait on tools (0: a waiting episode keeps its slot)
-    tool_wait_steps: int = 0  # with waiting_episodes and the deterministic schedule: see _QueuedSchedule
+    tool_wait_steps: int = 8  # with waiting_episodes and the deterministic schedule: see _QueuedSchedule
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
     action_head: ActionHeadMode = "tokens"  # "factored": a head chooses tool names (rollout/factored.py)
 
@@ -248,7 +248,8 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         with (ThreadPoolExecutor(max_workers=sampler.tool_workers or resident, thread_name_prefix="agentgrad-tool")
               as pool,
               open_session(policy, turn_sampling, processor, max_sequences=resident,
-                           max_tokens=limits.max_total_tokens, pause=pause) as session):
+                           max_tokens=limits.max_total_tokens, pause=pause,
+                           max_batch=capacity if sampler.waiting_episodes > 0 else None) as session):
             if sampler.waiting_episodes > 0:
                 _QueuedSchedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain,
                                 resident=resident, tool_wait_steps=sampler.tool_wait_steps).run(live)
