@@ -1,4 +1,4 @@
-"""RL step time (rollout + update): agentgrad's GRPO step against TRL's `GRPOTrainer`, same everything we can.
+"""RL step time (rollout + update): agentgrad's GRPO step against TRL's `GRPOTrainer`, interleaved in one process.
 
 Same: the default tiny model (after a short BC warm-up, so it calls the calculator), its tokenizer and chat
 template; the arithmetic tasks, system prompt and calculator tool (TRL gets it through `environment_factory`, a
@@ -6,12 +6,17 @@ class whose method is the tool, so the rendered prompts are byte-identical); 16 
 temperature 0.7, no top-k/top-p; clipped token-level loss (clip 0.2 / 0.28), group-normalised rewards, no KL;
 4 passes over each batch in minibatches of 64 episodes (TRL: num_iterations=4, steps_per_generation=2,
 per_device_train_batch_size=64); AdamW at lr 1e-4, grad clip 1.0; CPU; one torch thread (--threads).
+TRL as its users would run it on CPU: gradient checkpointing off (its default is on).
 Reward on both sides: closeness of the answer's number to the truth (signal at 0% success, so both really
 update). Differs (TRL's design, not settings): TRL bounds a whole completion with max_completion_length (set to 96,
-about two of our 48-token turns) instead of per turn; TRL's tool loop stops at max_tool_calling_iterations=3.
-One "RL step" of TRL is one generation plus its 8 optimizer steps: `trainer.train()` time / steps.
+about two of our 48-token turns) instead of per turn; TRL's tool loop stops at max_tool_calling_iterations=3;
+TRL runs one extra forward per batch for the old logprobs and every row's whole sequence, where agentgrad takes
+the rollout's logprobs and runs each group's common prefix once (the table of what each side computes says how
+much). Fair timing: each TRL RL step (one generation and its 8 optimizer steps) is followed by one agentgrad
+step, in one process; the first step of each side is a warm-up and not counted; wall and CPU time
+(`time.process_time`), medians with their range over the pairs.
 
-    nice -n 19 python benchmarks/rl_step_vs_trl.py [--steps 1] [--threads 1]
+    nice -n 19 python benchmarks/rl_step_vs_trl.py [--steps 5] [--threads 1]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bc_model_dir, bench_config, median, set_threads, table
 
 TASKS_PER_STEP, GROUP, EPOCHS, MINIBATCH, LR, TEMPERATURE = 16, 8, 4, 64, 1e-4, 0.7
+UPDATES_PER_STEP = EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH)  # 8 optimizer steps per RL step
 
 
 def closeness(answer: str | None, truth: str) -> float:
@@ -55,26 +61,6 @@ def agentgrad_config(model_dir: Path):
                          # all 8 updates on all groups, as TRL makes them (the default run stops at a KL bound
                          # and resamples zero-signal groups)
                          "algo.target_kl=null", "algo.zero_signal=keep"])
-
-
-def agentgrad_steps(model_dir: Path, steps: int) -> tuple[list[float], list[float]]:
-    """(step seconds, rollout seconds) of `steps` GRPO steps after one warm-up step."""
-    from agentgrad.pipelines.components import build_components
-    from agentgrad.pipelines.rl import rl_step, start_rl
-
-    with tempfile.TemporaryDirectory() as tmp:
-        c = build_components(agentgrad_config(model_dir), Path(tmp))
-        c.learner.set_lr(LR)
-        state = start_rl(c)
-        times, rollouts = [], []
-        for step in range(steps + 1):
-            m = rl_step(c, step, state, None)
-            if m["train/updates"] != EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH):
-                raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?)")
-            if step:
-                times.append(m["perf/step_s"])
-                rollouts.append(m["perf/rollout_s"])
-    return times, rollouts
 
 
 def shared_vs_plain_updates(model_dir: Path, steps: int) -> dict[str, list[float]]:
@@ -108,7 +94,7 @@ def shared_vs_plain_updates(model_dir: Path, steps: int) -> dict[str, list[float
                 c.learner.lean = lean if name == "shared prefix" else None
                 m = rl_step(c, step, state, None)
                 if m["train/updates"] != EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH):
-                    raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?)")
+                    raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?): {m}")
                 if step:
                     out[name].append(m["perf/step_s"] - m["perf/rollout_s"])
                     out[f"{name} cpu"].append(cpu[-1])
@@ -116,7 +102,9 @@ def shared_vs_plain_updates(model_dir: Path, steps: int) -> dict[str, list[float
     return out
 
 
-def trl_steps(model_dir: Path, steps: int, threads: int) -> list[float]:
+def trl_trainer(model_dir: Path, steps: int, out_dir: str, callbacks: list):
+    """TRL's GRPOTrainer set up as its users would on CPU for this model (gradient checkpointing off: TRL turns
+    it on by default, and nobody needs it for 0.84M parameters)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -161,35 +149,155 @@ def trl_steps(model_dir: Path, steps: int, threads: int) -> list[float]:
                    for t in tasks],
         "task_index": list(range(len(tasks))),
     })
+    args = GRPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, num_generations=GROUP,
+                      per_device_train_batch_size=MINIBATCH, activation_checkpointing=False,
+                      steps_per_generation=UPDATES_PER_STEP // EPOCHS,
+                      num_iterations=EPOCHS, max_steps=steps * UPDATES_PER_STEP,
+                      learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
+                      temperature=TEMPERATURE, top_k=0, top_p=1.0, beta=0.0, loss_type="dapo", epsilon=0.2,
+                      epsilon_high=0.28, scale_rewards="group", max_completion_length=96,
+                      max_tool_calling_iterations=3, logging_steps=10_000, save_strategy="no", report_to="none",
+                      disable_tqdm=True, shuffle_dataset=False, seed=0, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=close, args=args, train_dataset=data,
+                          processing_class=tokenizer, environment_factory=CalculatorEnv, callbacks=callbacks)
+    if getattr(trainer.model, "is_gradient_checkpointing", False):
+        raise RuntimeError("TRL's model still has gradient checkpointing on")
+    return trainer
+
+
+class ForwardCounter:
+    """Counts a model's forward calls and tokens by kind: with gradients (the update), without gradients and
+    without a KV cache (scoring, e.g. TRL's old-logprob pass), and generation (calls with a cache)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.counts = {k: [0, 0, 0] for k in ("update", "scoring", "generation")}  # calls, real tokens, run tokens
+        model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            return
+        mask = kwargs.get("attention_mask")
+        kind = ("update" if torch.is_grad_enabled() else
+                "generation" if kwargs.get("past_key_values") is not None or kwargs.get("use_cache") else "scoring")
+        c = self.counts[kind]
+        c[0] += 1
+        c[2] += ids.numel()
+        c[1] += int(mask.sum()) if mask is not None and mask.dim() == 2 else ids.numel()
+
+
+class PlanCounter:
+    """agentgrad's learner: tokens of the minibatches it scores (real) and the tokens its forward runs (each
+    group's shared prefix once, then each row's continuation: backends/shared_prefix.py)."""
+
+    def __init__(self) -> None:
+        from agentgrad.backends import hf
+
+        self.calls, self.real, self.run = 0, 0, 0
+        plan_fn = hf.plan_shared_prefixes
+
+        def counted(batch):
+            plan = plan_fn(batch)
+            lengths = batch.attention_mask.sum(1)
+            self.calls += 1
+            self.real += int(lengths.sum())
+            self.run += int(lengths.sum()) if plan is None else int(
+                plan.prefix_len.sum() + (lengths - plan.prefix_len[plan.source]).sum())
+            return plan
+
+        hf.plan_shared_prefixes = counted
+
+
+def interleaved(model_dir: Path, pairs: int, threads: int) -> dict:
+    """`pairs` + 1 RL steps of each side in one process, alternating: each TRL step (one generation and its 8
+    optimizer steps, cut at the callback after its 8th) then one agentgrad step. The first step of each side is
+    the warm-up, excluded. Wall and CPU (process) seconds per step."""
+    from transformers import TrainerCallback
+
+    from agentgrad.pipelines.components import build_components
+    from agentgrad.pipelines.rl import rl_step, start_rl
+
+    out = {k: [] for k in ("trl wall", "trl cpu", "ag wall", "ag cpu", "ag rollout")}
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(output_dir=tmp, use_cpu=True, bf16=False, num_generations=GROUP,
-                          per_device_train_batch_size=MINIBATCH,
-                          steps_per_generation=TASKS_PER_STEP * GROUP // MINIBATCH,
-                          num_iterations=EPOCHS, max_steps=steps * EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH),
-                          learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
-                          temperature=TEMPERATURE, top_k=0, top_p=1.0, beta=0.0, loss_type="dapo", epsilon=0.2,
-                          epsilon_high=0.28, scale_rewards="group", max_completion_length=96,
-                          max_tool_calling_iterations=3, logging_steps=10_000, save_strategy="no", report_to="none",
-                          disable_tqdm=True, shuffle_dataset=False, seed=0, dataloader_num_workers=0)
-        trainer = GRPOTrainer(model=model, reward_funcs=close, args=args, train_dataset=data,
-                              processing_class=tokenizer, environment_factory=CalculatorEnv)
-        torch.set_num_threads(threads)
-        t0 = time.perf_counter()
+        c = build_components(agentgrad_config(model_dir), Path(tmp) / "ag")
+        c.learner.set_lr(LR)
+        state = start_rl(c)
+        plans = PlanCounter()
+        mark = [time.perf_counter(), time.process_time()]
+
+        class Alternate(TrainerCallback):
+            def on_train_begin(self, args, st, control, **kw):
+                mark[:] = [time.perf_counter(), time.process_time()]
+
+            def on_step_end(self, args, st, control, **kw):
+                if st.global_step % UPDATES_PER_STEP:
+                    return
+                step = st.global_step // UPDATES_PER_STEP - 1
+                wall, cpu = time.perf_counter() - mark[0], time.process_time() - mark[1]
+                if step == 0:  # TRL's warm-up step: its counts start after it
+                    counter.counts = {k: [0, 0, 0] for k in counter.counts}
+                if step:
+                    out["trl wall"].append(wall)
+                    out["trl cpu"].append(cpu)
+                set_threads(threads)
+                c0 = time.process_time()
+                m = rl_step(c, step, state, None)
+                if m["train/updates"] != UPDATES_PER_STEP:
+                    raise RuntimeError(f"agentgrad made {m['train/updates']} updates (a no-signal step?): {m}")
+                if step == 0:  # agentgrad's warm-up step: its counts start after it
+                    plans.calls = plans.real = plans.run = 0
+                if step:
+                    out["ag wall"].append(m["perf/step_s"])
+                    out["ag cpu"].append(time.process_time() - c0)
+                    out["ag rollout"].append(m["perf/rollout_s"])
+                set_threads(threads)
+                mark[:] = [time.perf_counter(), time.process_time()]
+
+        trainer = trl_trainer(model_dir, pairs + 1, str(Path(tmp) / "trl"), [Alternate()])
+        counter = ForwardCounter(trainer.model)
+        set_threads(threads)
         trainer.train()
-        total = time.perf_counter() - t0
-    per_step = EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH)
-    if trainer.state.global_step != steps * per_step:
-        raise RuntimeError(f"TRL made {trainer.state.global_step} optimizer steps, expected {steps * per_step}")
-    # TRL compiles nothing, so its first step needs no warm-up (and each step costs minutes here).
-    return [total / steps] * steps
+        if trainer.state.global_step != (pairs + 1) * UPDATES_PER_STEP:
+            raise RuntimeError(f"TRL made {trainer.state.global_step} optimizer steps")
+    out["trl counts"] = {k: [x / pairs for x in v] for k, v in counter.counts.items()}
+    out["ag counts"] = [plans.calls / pairs, plans.real / pairs, plans.run / pairs]
+    return out
+
+
+def _summary(xs: list[float]) -> str:
+    return f"{median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def print_interleaved(res: dict, pairs: int, threads: int) -> None:
+    ratio_wall = [t / a for t, a in zip(res["trl wall"], res["ag wall"])]
+    ratio_cpu = [t / a for t, a in zip(res["trl cpu"], res["ag cpu"])]
+    print(f"\nGRPO step ({TASKS_PER_STEP} tasks x {GROUP} samples, {EPOCHS} epochs, minibatch {MINIBATCH}), "
+          f"threads={threads}, {pairs} interleaved pairs after one warm-up step each; median (min-max)")
+    print(table([("wall s/step", _summary(res["ag wall"]), _summary(res["trl wall"]), _summary(ratio_wall)),
+                 ("CPU s/step", _summary(res["ag cpu"]), _summary(res["trl cpu"]), _summary(ratio_cpu)),
+                 ("of which rollout, wall s", _summary(res["ag rollout"]), "", "")],
+                ("", "agentgrad", "TRL GRPOTrainer", "TRL / agentgrad (target >= 3x in CPU time)")))
+    tc, ag = res["trl counts"], res["ag counts"]
+    print("\nWhat each side computes per RL step (mean over the timed steps):")
+    print(table([("optimizer updates", f"{UPDATES_PER_STEP}", f"{UPDATES_PER_STEP}"),
+                 ("forwards with gradients (update)", f"{ag[0]:.1f}", f"{tc['update'][0]:.1f}"),
+                 ("their tokens: real / run", f"{ag[1]:.0f} / {ag[2]:.0f} (group prefix once)",
+                  f"{tc['update'][1]:.0f} / {tc['update'][2]:.0f} (padded)"),
+                 ("forwards without gradients (old logprobs)", "0 (rollout logprobs)",
+                  f"{tc['scoring'][0]:.0f}: {tc['scoring'][1]:.0f} / {tc['scoring'][2]:.0f} tokens"),
+                 ("generation", "KV kept across turns, continuous batching",
+                  f"{tc['generation'][0]:.0f} cached forward calls (HF generate per tool round)")],
+                ("", "agentgrad", "TRL")))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=1, help="timed RL steps per side (agentgrad: after a warm-up "
-                    "step, before and after TRL's)")
+    ap.add_argument("--steps", type=int, default=5, help="timed RL steps per side, interleaved (each after "
+                    "one warm-up step)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--bc-steps", type=int, default=60, help="BC steps of the starting model: at 60 it calls the "
+                    "calculator and answers close to right (closeness reward ~0.67, 2%% exact); from ~80 it solves "
+                    "nearly all and groups carry no signal")
     ap.add_argument("--shared-vs-plain", action="store_true", help="no TRL: agentgrad's update with and without "
                     "the shared-prefix forward, on the same steps from the same weights, alternating")
     args = ap.parse_args()
@@ -213,16 +321,8 @@ def main() -> None:
         print(f"\nGRPO update seconds per step, median over {args.steps} steps, threads={args.threads}")
         print(table(rows, ("seconds", "shared prefix", "plain forward", "speed-up")))
         return
-    ours_a, roll_a = agentgrad_steps(model_dir, args.steps)
-    theirs = trl_steps(model_dir, args.steps, args.threads)
-    set_threads(args.threads)
-    ours_b, roll_b = agentgrad_steps(model_dir, args.steps)  # before and after TRL: load drift hits both
-    ours, rollouts = ours_a + ours_b, roll_a + roll_b
-    a, t = median(ours), median(theirs)
-    print(f"\nGRPO step ({TASKS_PER_STEP} tasks x {GROUP} samples, {EPOCHS} epochs, minibatch {MINIBATCH}), "
-          f"threads={args.threads}, median over {len(ours)} / {len(theirs)} steps")
-    print(table([(f"{a:.2f}", f"{median(rollouts):.2f}", f"{t:.2f}", f"{t / a:.2f}x")],
-                ("agentgrad s/step", "of which rollout s", "TRL GRPOTrainer s/step", "speed-up (target >= 3x)")))
+    pairs = args.steps
+    print_interleaved(interleaved(model_dir, pairs, args.threads), pairs, args.threads)
 
 
 if __name__ == "__main__":

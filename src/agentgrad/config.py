@@ -107,6 +107,17 @@ class RolloutConfig(Section):
     deterministic_schedule: bool = Field(False, description="Wait for every pending tool call after each decode "
                                          "step, so which episodes share a step (and so the last bits of the logprobs) "
                                          "never depends on tool timing: bit-repeatable runs, at the cost of overlap.")
+    waiting_episodes: int = Field(0, ge=0, description="Latency hiding: episodes kept (with their KV cache) "
+                                  "beyond max_concurrent_episodes while they wait on tools. An episode that calls "
+                                  "a tool then leaves the decode batch and its slot goes to a queued episode, and "
+                                  "answers rejoin in call order as slots free up; with deterministic_schedule an "
+                                  "answer is taken back tool_wait_steps decode steps after its call (waiting for "
+                                  "it if late), so the floats still never depend on tool timing. 0: off (an "
+                                  "episode waiting on a tool keeps its slot).")
+    tool_wait_steps: int = Field(8, ge=0, description="With waiting_episodes and deterministic_schedule: decode "
+                                 "steps that run between a tool call and the taking back of its answer (sooner "
+                                 "when nothing else is left to decode). Near the tool's latency over one decode "
+                                 "step's time hides it; larger only delays the episode.")
     batch_invariant: bool = Field(False, description="Attend over the whole key length (max_total_tokens) at "
                                   "every decode step, so an episode's floats never depend on which episodes share "
                                   "its step: a fixed seed repeats tokens and logprobs bit for bit whatever the tool "

@@ -94,3 +94,39 @@ def test_sampled_logprobs_are_of_the_masked_tempered_distribution():
     assert lp[0, 0].item() == pytest.approx(-0.018150, abs=1e-5)
     assert lp[0, 2].item() == pytest.approx(-4.018150, abs=1e-5)
     assert lp[0, 1].item() == float("-inf") and lp[0, 3].item() == float("-inf")
+
+
+def test_windowed_dense_decode_over_slots_past_the_first_matches_a_full_forward(policy, loaded_tiny, monkeypatch):
+    """With `max_batch` < `max_sequences` (episodes waiting on tools keep their slots), a dense decode runs the
+    window of slots from the first generating one: slots 0-2 wait (their turn done, no new ids) while 3-5
+    generate, then 0-2 take their next turn. Every logprob equals a full forward's, and the window really
+    started past slot 0 (the decode read the cache through slots 3..5, not 0..5)."""
+    firsts = []
+    hidden = hf_engine.HFSession._hidden
+
+    def spy(self, input_ids, write_pos, rows, first=0):
+        if input_ids.shape[1] == 1 and rows is None:
+            firsts.append((first, input_ids.shape[0]))
+        return hidden(self, input_ids, write_pos, rows, first)
+
+    monkeypatch.setattr(hf_engine.HFSession, "_hidden", spy)
+    prompts = {k: [5, 6, 7, 8, 9 + k, 20 + k] for k in range(6)}
+    sampling = SamplingParams(max_new_tokens=5, temperature=0.8, seed=2)
+    with policy.session(sampling, max_sequences=6, max_tokens=64, max_batch=3) as s:
+        for k in range(3):
+            s.submit(k, prompts[k], 5)
+        first = _run_turn(s, 3)
+        for k in range(3, 6):
+            s.submit(k, prompts[k], 5)
+        first.update(_run_turn(s, 3))
+        for k in range(3):
+            s.submit(k, [30 + k, 31], 4)
+        second = _run_turn(s, 3)
+    assert (3, 3) in firsts
+    for k, gen in first.items():
+        lp = _full_forward_logprobs(loaded_tiny.model, prompts[k] + list(gen.token_ids), 0.8)
+        assert torch.allclose(lp[len(prompts[k]):], torch.tensor(gen.logprobs), atol=1e-4), k
+    for k, gen in second.items():
+        context = prompts[k] + list(first[k].token_ids) + [30 + k, 31]
+        lp = _full_forward_logprobs(loaded_tiny.model, context + list(gen.token_ids), 0.8)
+        assert torch.allclose(lp[len(context):], torch.tensor(gen.logprobs), atol=1e-4), k

@@ -74,11 +74,13 @@ class DecodeSession(Protocol):
 @runtime_checkable
 class SessionPolicy(Policy, Protocol):
     """A Policy that can also decode incrementally. Backends without it run through the same rollout scheduler,
-    `generate` seen as a session by `backends/generate_session.py: GenerateSession`."""
+    `generate` seen as a session by `backends/generate_session.py: GenerateSession`. `max_batch` (optional: passed
+    only when set) is the most sequences that generate at once, when fewer than `max_sequences` (the others wait
+    on tools, their caches kept)."""
 
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                max_sequences: int, max_tokens: int,
-                pause: PauseFn | None = None) -> AbstractContextManager[DecodeSession]:
+                max_sequences: int, max_tokens: int, pause: PauseFn | None = None,
+                max_batch: int | None = None) -> AbstractContextManager[DecodeSession]:
         ...
 
 

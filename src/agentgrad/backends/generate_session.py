@@ -78,13 +78,14 @@ def _cut(gen: Generation, max_new_tokens: int) -> Generation:
 
 
 def open_session(policy: Policy, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                 max_sequences: int, max_tokens: int,
-                 pause: PauseFn | None = None) -> contextlib.AbstractContextManager[DecodeSession]:
+                 max_sequences: int, max_tokens: int, pause: PauseFn | None = None,
+                 max_batch: int | None = None) -> contextlib.AbstractContextManager[DecodeSession]:
     """The policy's own session when it has one (`SessionPolicy`), else a `GenerateSession` over `generate`."""
     if isinstance(policy, SessionPolicy):
-        pause_kw = {} if pause is None else {"pause": pause}  # a third party's session may not take `pause`
+        # A third party's session may take neither `pause` nor `max_batch`: passed only when set.
+        extra = {k: v for k, v in (("pause", pause), ("max_batch", max_batch)) if v is not None}
         return policy.session(sampling, logits_processor, max_sequences=max_sequences, max_tokens=max_tokens,
-                              **pause_kw)
+                              **extra)
     if pause is not None:
         raise ValueError("pausing a turn needs a policy with incremental sessions (e.g. HFPolicy), not `generate`")
     return contextlib.nullcontext(GenerateSession(policy, sampling, logits_processor))

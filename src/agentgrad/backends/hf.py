@@ -48,13 +48,15 @@ class HFPolicy:
 
     @contextlib.contextmanager
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
-                max_sequences: int, max_tokens: int, pause: PauseFn | None = None) -> Iterator[HFSession]:
+                max_sequences: int, max_tokens: int, pause: PauseFn | None = None,
+                max_batch: int | None = None) -> Iterator[HFSession]:
         was_training = self.model.training
         self.model.eval()
         try:
             yield HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                             cache_kw=self._cache_kw, max_sequences=max_sequences, max_tokens=max_tokens,
-                            logits_processor=logits_processor, pause=pause, batch_invariant=self.batch_invariant)
+                            logits_processor=logits_processor, pause=pause, batch_invariant=self.batch_invariant,
+                            max_batch=max_batch)
         finally:
             if was_training:
                 self.model.train()

@@ -28,8 +28,8 @@ class SlotCache:
     """Keys/values of up to `num_slots` sequences: k[layer] is (S, kv_heads, capacity, head_dim).
 
     Duck-types the `Cache.update` call that transformers' attention layers make. Before each forward the caller
-    sets `rows` (which slots the batch rows are; None = slots 0..n-1 in order) and `write_pos` (B, q) (where each
-    new token goes), and the layer gets back keys/values for positions 0..kv_len-1 of those slots.
+    sets `rows` (which slots the batch rows are; None = slots first..first+n-1 in order) and `write_pos` (B, q)
+    (where each new token goes), and the layer gets back keys/values for positions 0..kv_len-1 of those slots.
     """
 
     is_compileable = False
@@ -40,6 +40,7 @@ class SlotCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.rows: torch.Tensor | None = None  # (B,) long
+        self.first = 0  # with rows None: the batch is slots first..first+B-1
         self.write_pos = torch.zeros((0, 1), dtype=torch.long, device=device)  # (B, q)
         self.kv_len = 0
 
@@ -62,12 +63,13 @@ class SlotCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         k, v = self.k[layer_idx], self.v[layer_idx]
         B = key_states.shape[0]
-        rows = self.rows if self.rows is not None else torch.arange(B, device=k.device)  # (B,)
+        rows = self.rows if self.rows is not None else torch.arange(self.first, self.first + B, device=k.device)
         # Advanced indices around a slice put the indexed dims first: the target is (B, q, kv_heads, head_dim).
         k[rows[:, None], :, self.write_pos] = key_states.transpose(1, 2)
         v[rows[:, None], :, self.write_pos] = value_states.transpose(1, 2)
         if self.rows is None:
-            return k[:B, :, : self.kv_len], v[:B, :, : self.kv_len]  # views: no copy on the decode path
+            window = slice(self.first, self.first + B)
+            return k[window, :, : self.kv_len], v[window, :, : self.kv_len]  # views: no copy on the decode path
         return k[rows, :, : self.kv_len], v[rows, :, : self.kv_len]
 
     def get_seq_length(self, *args, **kwargs) -> int:
@@ -76,23 +78,25 @@ class SlotCache:
 
 class CachedAttention:
     """`LeanStack` attention for decoding: this step's keys/values are written into the slot cache at
-    `write_pos` (B, q) of slots `rows` (None: slots 0..B-1), and the queries attend to positions 0..kv_len-1
+    `write_pos` (B, q) of slots `rows` (None: slots first..first+B-1), and the queries attend to positions 0..kv_len-1
     of those slots under `bias` (B, 1, 1, q, L)."""
 
     linear = staticmethod(linear_rows)
 
     def __init__(self, cache: SlotCache, write_pos: torch.Tensor, rows: torch.Tensor | None,
-                 bias: torch.Tensor) -> None:
+                 bias: torch.Tensor, first: int = 0) -> None:
         self.cache, self.write_pos, self.rows, self.bias = cache, write_pos, rows, bias
         B = write_pos.shape[0]
-        self.slot_rows = (rows if rows is not None else torch.arange(B, device=write_pos.device))[:, None]  # (B, 1)
+        self.window = slice(first, first + B)
+        self.slot_rows = (rows if rows is not None else torch.arange(first, first + B, device=write_pos.device))[
+            :, None]  # (B, 1)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kc, vc, L = self.cache.k[layer], self.cache.v[layer], self.cache.kv_len
         kc[self.slot_rows, :, self.write_pos] = k
         vc[self.slot_rows, :, self.write_pos] = v
         if self.rows is None:
-            K, V = kc[: q.shape[0], :, :L], vc[: q.shape[0], :, :L]  # (B, kvh, L, d) views
+            K, V = kc[self.window, :, :L], vc[self.window, :, :L]  # (B, kvh, L, d) views
         else:
             K, V = kc[self.rows, :, :L], vc[self.rows, :, :L]
         return grouped_attention(q, K, V, self.bias, None)
@@ -116,7 +120,7 @@ class LeanDecoder:
             self.cos, self.sin = self.stack.rope_table(2 * needed)
 
     def __call__(self, input_ids: torch.Tensor, write_pos: torch.Tensor, cache: SlotCache,
-                 rows: torch.Tensor | None) -> torch.Tensor:
+                 rows: torch.Tensor | None, first: int = 0) -> torch.Tensor:
         """Hidden states (B, q, H) after the final norm, writing new keys/values into `cache`."""
         B, q = input_ids.shape
         L = cache.kv_len
@@ -126,7 +130,7 @@ class LeanDecoder:
         bias = torch.zeros((B, 1, 1, q, L), dtype=dtype, device=input_ids.device)  # broadcast over (kv head, group)
         bias.masked_fill_(keys > write_pos[:, None, None, :, None], float("-inf"))  # causal within each row
         return self.stack.hidden(input_ids, self.cos[write_pos], self.sin[write_pos], self.layers,
-                                 CachedAttention(cache, write_pos, rows, bias))
+                                 CachedAttention(cache, write_pos, rows, bias, first))
 
 
 class HFSession:
@@ -142,8 +146,11 @@ class HFSession:
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, eos_token_ids: Sequence[int],
                  pad_token_id: int, cache_kw: str, max_sequences: int, max_tokens: int,
                  logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, max_batch: int | None = None) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
+        # Fewer decoding than resident sequences (the rest wait on tools): the generating slots are a window
+        # anywhere in the cache, so a dense decode starts at the first of them, not at slot 0.
+        self.windowed = max_batch is not None and max_batch < max_sequences
         self.pause, self.batch_invariant = pause, batch_invariant
         self.body, self.head = model_parts(model)
         self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
@@ -212,17 +219,19 @@ class HFSession:
 
     # ---- forward passes ------------------------------------------------------------------------------------
 
-    def _hidden(self, input_ids: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """Run the decoder over new ids (B, q) written at `write_pos` (B, q) of slots `rows`; (B, q, H) out."""
+    def _hidden(self, input_ids: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor | None,
+                first: int = 0) -> torch.Tensor:
+        """Run the decoder over new ids (B, q) written at `write_pos` (B, q) of slots `rows` (None: slots
+        first..first+B-1); (B, q, H) out."""
         cache = self.cache
         # The attention reductions run over kv_len keys, and kernels round differently for other lengths; the
         # longest row sharing this step sets it, so a row's floats depend on its neighbours unless it is fixed.
         kv_len = self.max_tokens + 1 if self.batch_invariant else int(write_pos.max()) + 1
         cache.grow(kv_len, self.max_tokens + 1)
-        cache.rows, cache.write_pos = rows, write_pos
+        cache.rows, cache.write_pos, cache.first = rows, write_pos, first
         cache.kv_len = kv_len
         if self.lean is not None:
-            return self.lean(input_ids, write_pos, cache, rows)
+            return self.lean(input_ids, write_pos, cache, rows, first)
         keys = torch.arange(cache.kv_len, device=self.device)  # (L,)
         mask = (keys[None, None, None, :] <= write_pos[:, None, :, None])  # (B, 1, q, L): causal within the row
         masks = {"full_attention": mask, "sliding_attention": mask}
@@ -305,18 +314,19 @@ class HFSession:
 
     def _decode(self) -> list[tuple[Hashable, Generation]]:
         active = self.generating.nonzero().squeeze(-1)  # (A,)
+        lo = int(active[0]) if self.windowed else 0
         hi = int(active[-1]) + 1
-        if len(active) * 2 >= hi:
-            # Dense: run slots 0..hi-1 (idle ones compute a throwaway token at their next free position, which
+        if len(active) * 2 >= hi - lo:
+            # Dense: run slots lo..hi-1 (idle ones compute a throwaway token at their next free position, which
             # the next real write there overwrites), so the cache is read through views, never gathered.
-            rows, idx = None, active
-            input_ids = self.tail[:hi].masked_fill(~self.generating[:hi], self.pad_token_id)[:, None]  # (hi, 1)
-            write_pos = self.length[:hi][:, None]  # (hi, 1)
+            rows, idx = None, active - lo
+            input_ids = self.tail[lo:hi].masked_fill(~self.generating[lo:hi], self.pad_token_id)[:, None]  # (W, 1)
+            write_pos = self.length[lo:hi][:, None]  # (W, 1)
         else:
             rows, idx = active, None
             input_ids = self.tail[active][:, None]  # (A, 1)
             write_pos = self.length[active][:, None]  # (A, 1)
-        hidden = self._hidden(input_ids, write_pos, rows)[:, 0]  # (B, H)
+        hidden = self._hidden(input_ids, write_pos, rows, lo)[:, 0]  # (B, H)
         if idx is not None:
             hidden = hidden[idx]
         self.length[active] += 1

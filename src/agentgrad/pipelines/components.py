@@ -57,7 +57,8 @@ def sampler_settings(config: Config) -> SamplerSettings:
     r = config.rollout
     return SamplerSettings(max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
                            deterministic_schedule=r.deterministic_schedule, tool_name_mask=r.tool_name_mask,
-                           action_head=r.action_head)
+                           action_head=r.action_head, waiting_episodes=r.waiting_episodes,
+                           tool_wait_steps=r.tool_wait_steps)
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int, template: str | None = None,

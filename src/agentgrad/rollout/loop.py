@@ -62,6 +62,8 @@ class SamplerSettings:
     max_concurrent_episodes: int = 64  # episodes in flight at once (a finished one's slot goes to the next)
     tool_workers: int = 0  # threads for tool calls; 0 = one per episode in flight
     deterministic_schedule: bool = False  # drain all tool calls after each decode step (timing-independent floats)
+    waiting_episodes: int = 0  # extra episodes kept while others wait on tools (0: a waiting episode keeps its slot)
+    tool_wait_steps: int = 8  # with waiting_episodes and the deterministic schedule: see _QueuedSchedule
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
     action_head: ActionHeadMode = "tokens"  # "factored": a head chooses tool names (rollout/factored.py)
 
@@ -246,14 +248,20 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
         processor = calls.processor(processor)
     if live:
         capacity = max(1, min(sampler.max_concurrent_episodes, len(live)))
+        resident = min(capacity + sampler.waiting_episodes, len(live))  # episodes holding a session slot at once
         turn_sampling = dataclasses.replace(sampling, max_new_tokens=limits.max_new_tokens_per_turn)
         drain = sampler.deterministic_schedule or not isinstance(policy, SessionPolicy)
         pause = None if calls is None else calls.pause
-        with (ThreadPoolExecutor(max_workers=sampler.tool_workers or capacity, thread_name_prefix="agentgrad-tool")
+        with (ThreadPoolExecutor(max_workers=sampler.tool_workers or resident, thread_name_prefix="agentgrad-tool")
               as pool,
-              open_session(policy, turn_sampling, processor, max_sequences=capacity,
-                           max_tokens=limits.max_total_tokens, pause=pause) as session):
-            _Schedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain, ended).run(live)
+              open_session(policy, turn_sampling, processor, max_sequences=resident,
+                           max_tokens=limits.max_total_tokens, pause=pause,
+                           max_batch=capacity if sampler.waiting_episodes > 0 else None) as session):
+            if sampler.waiting_episodes > 0:
+                _QueuedSchedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain, ended,
+                                resident=resident, tool_wait_steps=sampler.tool_wait_steps).run(live)
+            else:
+                _Schedule(session, pool, codec, episodes, limits, masker, calls, capacity, drain, ended).run(live)
     return [finish_episode(ep, policy_version) for ep in episodes]
 
 
@@ -350,7 +358,10 @@ class _Schedule:
         if ep.done:
             self._retire(i)
         else:
-            self.in_tools[self.pool.submit(run_actions, ep, actions)] = i
+            self._call_tools(i, actions)
+
+    def _call_tools(self, i: int, actions: Sequence[Action]) -> None:
+        self.in_tools[self.pool.submit(run_actions, self.episodes[i], actions)] = i
 
     def _head_turn(self, i: int, gen: Generation) -> tuple[Generation, Sequence[HeadSpan]] | None:
         """A turn's generation under a factored head: None when the turn goes on (a name was chosen and written
@@ -364,6 +375,80 @@ class _Schedule:
             return calls.cut(i), ()
         self.session.submit(i, ids, calls.remaining(i))
         return None
+
+
+class _QueuedSchedule(_Schedule):
+    """Decode slots apart from session slots: an episode waiting on a tool leaves the decode batch and its decode
+    slot goes to another episode (`resident` episodes hold a session slot and their KV cache, `capacity` decode).
+
+    After every step, free decode slots are filled first with queued episodes (in input order, while session
+    slots last), then with episodes whose tools were called, in call order. Eager (no `drain`): only those whose
+    tools have answered, waiting for the first answer when nothing is left to decode. With `drain` (the
+    deterministic schedule): an answer is taken back no sooner than `tool_wait_steps` decode steps after its
+    call unless nothing else would decode, waiting for the tool if it has not answered yet. Which episodes share
+    a step is then a function of the data and the step count, never of the clock: the floats repeat bit for bit
+    whatever the tools' latency, and a slow tool costs wall time only when its answer is due before it comes."""
+
+    def __init__(self, *args, resident: int, tool_wait_steps: int) -> None:
+        super().__init__(*args)
+        self.resident, self.tool_wait_steps = resident, tool_wait_steps
+        self.decoding: set[int] = set()  # episodes submitted to the session whose turn has not come back
+        self.called: dict[int, tuple[int, Future]] = {}  # episode -> (step of its call, the call), in call order
+        self.steps = 0  # decode steps run
+
+    def run(self, live: list[int]) -> None:
+        self.waiting.extend(live)
+        self._fill()
+        while self.in_flight:
+            if self.session.has_work:
+                finished = self.session.step()
+                self.steps += 1  # a call made in this step is 0 steps old
+                for i, gen in finished:
+                    self._generated(i, gen)
+            self._fill()
+
+    def _fill(self) -> None:
+        while len(self.decoding) < self.capacity:
+            if self.waiting and self.in_flight < self.resident:
+                i = self.waiting.popleft()
+                self.in_flight += 1
+                self._submit_turn(i, self.episodes[i].token_ids)
+                continue
+            i = self._answered()
+            if i is None:
+                return
+            self.called.pop(i)[1].result()
+            obs_ids = end_turn(self.episodes[i], self.codec, self.limits)
+            if self.episodes[i].done:
+                self._retire(i)
+            else:
+                self._submit_turn(i, obs_ids)
+
+    def _answered(self) -> int | None:
+        """The episode whose tool answer goes back into the decode batch now, if one is due."""
+        if not self.called:
+            return None
+        idle = not self.decoding
+        if self.drain:
+            i, (step, _) = next(iter(self.called.items()))
+            return i if idle or self.steps - step >= self.tool_wait_steps else None
+        if idle:
+            wait([call for _, call in self.called.values()], return_when=FIRST_COMPLETED)
+        return next((i for i, (_, call) in self.called.items() if call.done()), None)
+
+    def _submit_turn(self, i: int, new_ids: Sequence[int]) -> None:
+        self.decoding.add(i)
+        super()._submit_turn(i, new_ids)
+
+    def _call_tools(self, i: int, actions: Sequence[Action]) -> None:
+        self.decoding.discard(i)
+        self.called[i] = (self.steps, self.pool.submit(run_actions, self.episodes[i], actions))
+
+    def _retire(self, i: int) -> None:
+        self.decoding.discard(i)
+        self.session.release(i)
+        self.in_flight -= 1
+        self.ended(i)
 
 
 def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: ChatCodec,
