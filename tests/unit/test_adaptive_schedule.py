@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentgrad.batch import TokenBatch
 from agentgrad.config import AdaptiveConfig, ConfigError, build_config
 from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines import schedule
@@ -145,8 +144,9 @@ def test_scripted_stream_switches_up_and_back_at_the_hand_computed_steps_and_res
     assert up["rolling_success"] == pytest.approx(0.5 / 3) and up["rolling_zero_signal"] == pytest.approx(1.4 / 3)
     assert up["threshold"] == 0.15 and up["critic/explained_variance"] == EV_AT_STEP_4
     assert inside[1].values["rolling_success"] == pytest.approx(0.04) and inside[1].values["threshold"] == 0.05
-    end = final.schedule.switches[-1]  # the stage's end: its last algorithm, its budget
-    assert (end.from_stage, end.to_stage, end.algo, end.to_algo, end.stage_steps) == (1, 2, "ppo", None, 14)
+    end = final.schedule.switches[-1]  # the stage's end, after its budget
+    assert (end.from_stage, end.to_stage, end.algo, end.to_algo, end.stage_steps) == (1, 2, "adaptive", None, 14)
+    assert end.reason == "its step budget" and final.schedule.switches[0].to_algo == "adaptive"
     # Every switch is a `schedule` record at its step, with the direction, the rolling values and the threshold.
     records = [(step, m) for step, stage, m in sink.records if stage == "schedule" and "schedule/direction" in m]
     assert [(step, m["schedule/direction"], m["schedule/threshold"]) for step, m in records] == [
@@ -193,4 +193,3 @@ def test_monte_carlo_returns_are_the_discounted_reward_to_go_over_policy_tokens(
     c = SimpleNamespace(config=build_config(overrides=["algo.gamma=0.5"]))
     returns = monte_carlo_returns(c, batch)  # (1, 6)
     assert returns.tolist() == [[0.0, 0.375, 0.75, 0.0, 0.5, 1.0]]
-    assert TokenBatch  # the record whose fields these are

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgrad.config import AdaptiveConfig
+from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import RunLogger
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.rl import ONLINE_ALGORITHMS, RLState, rl_step, start_rl
@@ -89,7 +90,8 @@ def _select(state: RLState, algo: str) -> None:
     state.algorithm = ONLINE_ALGORITHMS.get(algo)
 
 
-def _step(c: Components, logger: RunLogger, store, state: RLState, step: int) -> Mapping[str, float]:
+def _step(c: Components, logger: RunLogger, store: TrajectoryStore | None, state: RLState, step: int
+          ) -> Mapping[str, float]:
     return {**rl_step(c, step, state, store), "adaptive/high_algo": float(state.algorithm.uses_critic)}
 
 

@@ -162,7 +162,7 @@ def end_stage(run: RunState, index: int, stage: StageConfig, logger: RunLogger, 
     global_step = p.global_step + (0 if not STAGES.get(stage.algo).numbered else p.stage_step)
     reason = (f"rolling {stage.until_metric} reached {stage.until_value}" if p.by_condition else
               "its own stop rule" if p.stopped else "its step budget")
-    switch = StageSwitch(index, index + 1, p.algo or stage.algo, global_step, p.stage_step, p.by_condition,
+    switch = StageSwitch(index, index + 1, stage.algo, global_step, p.stage_step, p.by_condition,
                          to_algo=next_algo, reason=reason)
     log_switch(logger, switch)
     return RunState(ScheduleState(stage_index=index + 1, global_step=global_step, switches=(*p.switches, switch)),
