@@ -74,10 +74,17 @@ class AdaptiveConfig(Section):
                               "switch, so each decision is on a full window of the running algorithm's own steps.")
     warm_critic: bool = Field(True, description="While low_algo runs, fit ppo's value model (critic.*) on its "
                               "batches' Monte-Carlo returns, so PPO takes over with a trained critic.")
+    min_critic_ev: float | None = Field(0.0, description="Switch up only once the critic's mean "
+                                        "critic/explained_variance over the window (each on a batch before the "
+                                        "critic was fitted on it) is above this: PPO takes over from a critic "
+                                        "that predicts returns better than a constant. None: do not wait for it.")
 
     @model_validator(mode="after")
     def _band(self) -> AdaptiveConfig:
         if self.down_at >= self.up_at:
             raise ValueError(f"adaptive.down_at ({self.down_at}) must be below adaptive.up_at ({self.up_at}): "
                              "the band between them is what keeps the schedule from flapping")
+        if self.min_critic_ev is not None and not self.warm_critic:
+            raise ValueError("adaptive.min_critic_ev waits for a critic that adaptive.warm_critic=false never "
+                             "trains: set adaptive.min_critic_ev=null too")
         return self

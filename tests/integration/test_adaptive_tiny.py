@@ -59,5 +59,7 @@ def test_adaptive_switches_to_ppo_on_measured_success_with_a_warmed_critic(tmp_p
     assert all("loss/value" in steps[s] for s in range(1, at + 1))
     ev = up["values"]["critic/explained_variance"]
     assert ev == steps[at]["critic/explained_variance"] and ev > 0, ev
+    window_ev = [steps[s]["critic/explained_variance"] for s in range(at - window + 1, at + 1)]
+    assert up["values"]["rolling_critic_ev"] == pytest.approx(sum(window_ev) / window) and sum(window_ev) > 0
     record = next(r for r in schedule_rows if r.get("schedule/direction") == 1.0)
     assert record["step"] == at and record["critic/explained_variance"] == ev

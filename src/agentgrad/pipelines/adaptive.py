@@ -27,7 +27,8 @@ HIGH_ALGO = "ppo"
 """The algorithm above the band: the only online algorithm with a critic."""
 SUCCESS = "rollout/success_rate"
 ZERO_SIGNAL = "rollout/zero_signal_groups"
-"""The two signals, as `rl.rollout_metrics` logs them (fractions of the step's sampled episodes / groups)."""
+CRITIC_EV = "critic/explained_variance"
+"""The signals, as `rl.rollout_metrics` and `rl.critic_metrics` log them."""
 
 
 @dataclass(frozen=True)
@@ -41,38 +42,53 @@ class Decision:
     """Rolling mean success over the full window (None while the window is not full)."""
     zero_signal: float | None = None
     """Rolling mean zero-signal fraction over the full window."""
+    critic_ev: float | None = None
+    """Rolling mean of the critic's explained variance over the window's steps that measured one."""
 
     @property
     def switched(self) -> bool:
         return self.threshold is not None
 
 
-def decide(algo: str, window: Sequence[tuple[float, float]], rule: AdaptiveConfig) -> Decision:
-    """The next step's algorithm, from the running one and its window of (success, zero-signal fraction).
+Signals = tuple[float, float, "float | None"]
+"""One step's (success, zero-signal fraction, the critic's explained variance or None when none was measured)."""
 
-    Below the band's top: `low_algo` runs; it hands over to ppo once the mean success of the last `window_steps`
-    steps reaches `up_at` and their mean zero-signal fraction is at most `max_zero_signal`. Above: ppo runs until
-    mean success falls below `down_at`. Between `down_at` and `up_at` neither fires, so success wandering inside
-    the band never flaps. Nothing fires before the window is full (one lucky batch decides nothing)."""
+
+def decide(algo: str, window: Sequence[Signals], rule: AdaptiveConfig) -> Decision:
+    """The next step's algorithm, from the running one and its window of signals.
+
+    Below the band's top: `low_algo` runs; it hands over to ppo once, over the last `window_steps` steps, the
+    mean success reaches `up_at`, the mean zero-signal fraction is at most `max_zero_signal` and (unless
+    `min_critic_ev` is None) the critic's mean explained variance is above `min_critic_ev`. Above: ppo runs
+    until mean success falls below `down_at`. Between `down_at` and `up_at` neither fires, so success wandering
+    inside the band never flaps. Nothing fires before the window is full (one lucky batch decides nothing)."""
     if algo not in (rule.low_algo, HIGH_ALGO):
         raise ValueError(f"adaptive stage runs {rule.low_algo} or {HIGH_ALGO}, not {algo!r}")
     W = rule.window_steps
     if len(window) < W:
         return Decision(algo, None, f"{len(window)} of {W} steps measured")
     recent = window[-W:]
-    success = sum(s for s, _ in recent) / W
-    zero = sum(z for _, z in recent) / W
-    measured = f"rolling success {success:.3f}, zero-signal {zero:.3f} over {W} steps"
+    success = sum(s[0] for s in recent) / W
+    zero = sum(s[1] for s in recent) / W
+    evs = [s[2] for s in recent if s[2] is not None]
+    ev = sum(evs) / len(evs) if evs else None
+    measured = (f"rolling success {success:.3f}, zero-signal {zero:.3f}"
+                + (f", critic explained variance {ev:+.3f}" if ev is not None else "") + f" over {W} steps")
     if algo == rule.low_algo:
-        if success >= rule.up_at and zero <= rule.max_zero_signal:
-            return Decision(HIGH_ALGO, "up_at", f"{measured}: success >= up_at {rule.up_at:g} and zero-signal <= "
-                            f"max_zero_signal {rule.max_zero_signal:g}", success, zero)
+        critic_ready = rule.min_critic_ev is None or (ev is not None and ev > rule.min_critic_ev)
+        if success >= rule.up_at and zero <= rule.max_zero_signal and critic_ready:
+            return Decision(HIGH_ALGO, "up_at", f"{measured}: success >= up_at {rule.up_at:g}, zero-signal <= "
+                            f"max_zero_signal {rule.max_zero_signal:g}"
+                            + (f", critic > min_critic_ev {rule.min_critic_ev:g}" if rule.min_critic_ev is not None
+                               else ""), success, zero, ev)
         why = ("success below up_at" if success < rule.up_at else
-               f"zero-signal above max_zero_signal {rule.max_zero_signal:g}")
-        return Decision(algo, None, f"{measured}: {why}", success, zero)
+               f"zero-signal above max_zero_signal {rule.max_zero_signal:g}" if zero > rule.max_zero_signal else
+               f"critic not above min_critic_ev {rule.min_critic_ev:g} yet")
+        return Decision(algo, None, f"{measured}: {why}", success, zero, ev)
     if success < rule.down_at:
-        return Decision(rule.low_algo, "down_at", f"{measured}: success < down_at {rule.down_at:g}", success, zero)
-    return Decision(algo, None, f"{measured}: success not below down_at", success, zero)
+        return Decision(rule.low_algo, "down_at", f"{measured}: success < down_at {rule.down_at:g}", success, zero,
+                        ev)
+    return Decision(algo, None, f"{measured}: success not below down_at", success, zero, ev)
 
 
 # ---- the stage ------------------------------------------------------------------------------------------------

@@ -64,8 +64,9 @@ class ScheduleState:
     """It was the switch condition."""
     algo: str | None = None
     """Algorithm an adaptive stage runs now (the schedule picks it; None for single-algorithm stages)."""
-    signals: tuple[tuple[float, float], ...] = ()
-    """An adaptive stage's rolling window of (success, zero-signal fraction), restarted at each switch."""
+    signals: tuple[tuple[float, float, float | None], ...] = ()
+    """An adaptive stage's rolling window of (success, zero-signal fraction, critic explained variance or None),
+    restarted at each switch."""
 
     def first_step(self, numbered: bool) -> int:
         """Number of the current stage's first step: rollout stages count on from `global_step`, BC from 0."""
@@ -80,7 +81,8 @@ class ScheduleState:
                    global_step=int(d["global_step"]), window=tuple(float(x) for x in d["window"]),
                    switches=tuple(StageSwitch(**s) for s in d["switches"]), stopped=bool(d.get("stopped", False)),
                    by_condition=bool(d.get("by_condition", False)), algo=d.get("algo"),
-                   signals=tuple((float(s), float(z)) for s, z in d.get("signals", ())))
+                   signals=tuple((float(s), float(z), None if ev is None else float(ev))
+                                 for s, z, ev in d.get("signals", ())))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ at the same step) and returns it. Stage changes are logged (stage "schedule").
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from agentgrad.config import AdaptiveConfig, Config, StageConfig
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import RunLogger
-from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, SUCCESS, ZERO_SIGNAL, decide
+from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, CRITIC_EV, SUCCESS, ZERO_SIGNAL, decide
 from agentgrad.pipelines.bc import BC_STAGE
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.dpo import DPO_STAGE
@@ -69,19 +70,24 @@ def advance(position: ScheduleState, stage: StageConfig, metrics: Mapping[str, f
 
 def switch_algo(position: ScheduleState, rule: AdaptiveConfig, metrics: Mapping[str, float]) -> ScheduleState:
     """An adaptive stage after a step (`position.stage_step` already counts it): the step's (success,
-    zero-signal) joins the window, `decide` picks the next algorithm, and a switch is recorded with its reason
-    and the values it read (the window then restarts)."""
+    zero-signal, critic explained variance) joins the window, `decide` picks the next algorithm, and a switch is
+    recorded with its reason and the values it read (the window then restarts)."""
     algo = position.algo or rule.low_algo
     signals = position.signals
+    ev = metrics.get(CRITIC_EV)
+    ev = float(ev) if ev is not None and math.isfinite(ev) else None  # NaN: the batch's returns were constant
     if metrics.get(SUCCESS) is not None:
-        signals = (*signals, (float(metrics[SUCCESS]), float(metrics.get(ZERO_SIGNAL, 0.0))))[-rule.window_steps:]
+        step_signals = (float(metrics[SUCCESS]), float(metrics.get(ZERO_SIGNAL, 0.0)), ev)
+        signals = (*signals, step_signals)[-rule.window_steps:]
     decision = decide(algo, signals, rule)
     if not decision.switched:
         return dataclasses.replace(position, algo=algo, signals=signals)
     values = {"rolling_success": decision.success, "rolling_zero_signal": decision.zero_signal,
               "threshold": getattr(rule, decision.threshold)}
-    if metrics.get("critic/explained_variance") is not None:  # this step's batch, before the critic fitted it
-        values["critic/explained_variance"] = float(metrics["critic/explained_variance"])
+    if decision.critic_ev is not None:
+        values["rolling_critic_ev"] = decision.critic_ev
+    if ev is not None:  # this step's batch, before the critic was fitted on it
+        values["critic/explained_variance"] = ev
     index = position.stage_index
     switch = StageSwitch(index, index, algo, position.global_step + position.stage_step, position.stage_step,
                          True, to_algo=decision.algo, reason=f"{decision.threshold}: {decision.reason}",
