@@ -19,7 +19,7 @@ import torch
 from agentgrad.config import AdaptiveConfig, Config, StageConfig
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import RunLogger
-from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, CRITIC_EV, SUCCESS, ZERO_SIGNAL, decide
+from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, CRITIC_EV, HIGH_ALGO, SUCCESS, ZERO_SIGNAL, decide
 from agentgrad.pipelines.bc import BC_STAGE
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.dpo import DPO_STAGE
@@ -150,7 +150,7 @@ def log_switch(logger: RunLogger, switch: StageSwitch) -> None:
     record = {"schedule/from_stage": float(switch.from_stage), "schedule/to_stage": float(switch.to_stage),
               "schedule/stage_steps": float(switch.stage_steps), "schedule/by_condition": float(switch.by_condition)}
     if switch.within_stage:  # +1: up to ppo, -1: back down to the critic-free algorithm
-        record["schedule/direction"] = 1.0 if switch.to_algo == "ppo" else -1.0
+        record["schedule/direction"] = 1.0 if switch.to_algo == HIGH_ALGO else -1.0
         record |= {(k if "/" in k else f"schedule/{k}"): float(v) for k, v in switch.values.items()}
     logger.log(switch.at_step, "schedule", record)
     if switch.within_stage:
