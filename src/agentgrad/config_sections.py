@@ -3,6 +3,8 @@ model's shape, and an MCP server entry. `agentgrad.config` re-exports them; impo
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -51,4 +53,38 @@ class McpServerConfig(Section):
     def _one_transport(self) -> McpServerConfig:
         if (self.command is None) == (self.url is None):
             raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
+        return self
+
+
+class AdaptiveConfig(Section):
+    """The `adaptive` stage: a critic-free algorithm while rolling success is low, PPO once it is high, and back
+    when it collapses; a band (hysteresis), so a noisy success rate near one threshold does not flap
+    (docs/algorithms.md, "Adaptive: GRPO <-> PPO with hysteresis")."""
+
+    low_algo: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="Algorithm while rolling "
+                                                               "success is below up_at (group baselines, no critic).")
+    up_at: float = Field(0.15, gt=0, le=1, description="Switch to ppo once the rolling mean of "
+                         "rollout/success_rate over window_steps steps reaches this (and zero-signal allows it).")
+    down_at: float = Field(0.05, ge=0, lt=1, description="Switch back to low_algo once the rolling success falls "
+                           "below this (a collapse). Between down_at and up_at the running algorithm stays.")
+    max_zero_signal: float = Field(0.5, ge=0, le=1, description="Switch up only while the rolling mean of "
+                                   "rollout/zero_signal_groups is at most this: while most groups carry no signal, "
+                                   "low_algo gives them zero advantage where a critic would push them all down.")
+    window_steps: int = Field(5, gt=0, description="Steps in the rolling means; the window restarts at every "
+                              "switch, so each decision is on a full window of the running algorithm's own steps.")
+    warm_critic: bool = Field(True, description="While low_algo runs, fit ppo's value model (critic.*) on its "
+                              "batches' Monte-Carlo returns, so PPO takes over with a trained critic.")
+    min_critic_ev: float | None = Field(0.0, description="Switch up only once the critic's mean "
+                                        "critic/explained_variance over the window (each on a batch before the "
+                                        "critic was fitted on it) is above this: PPO takes over from a critic "
+                                        "that predicts returns better than a constant. None: do not wait for it.")
+
+    @model_validator(mode="after")
+    def _band(self) -> AdaptiveConfig:
+        if self.down_at >= self.up_at:
+            raise ValueError(f"adaptive.down_at ({self.down_at}) must be below adaptive.up_at ({self.up_at}): "
+                             "the band between them is what keeps the schedule from flapping")
+        if self.min_critic_ev is not None and not self.warm_critic:
+            raise ValueError("adaptive.min_critic_ev waits for a critic that adaptive.warm_critic=false never "
+                             "trains: set adaptive.min_critic_ev=null too")
         return self

@@ -49,6 +49,16 @@ OFFLINE = [
     "rest.batch_size_episodes=4",
     "dpo.tasks_per_iteration=2", "dpo.samples_per_task=8", "dpo.epochs=1", "dpo.batch_size_pairs=4",
 ]
+# The adaptive stage on the suite that passes any even-length answer, its band narrowed to one-step windows so
+# that the run switches grpo -> ppo after step 3 and back after step 5 (asserted below): the running algorithm,
+# the signal window and the switches live in the schedule's state, the critic (warmed from the first step) in
+# the stage's.
+ADAPTIVE = [
+    *SHAPE, "env.name=resume_helpers:EvenAnswerArithmetic", "rollout.max_new_tokens_per_turn=200",
+    "bc.steps=3", "bc.stop_at_success=null", "algo=adaptive", "algo.steps=6", "algo.tasks_per_step=2",
+    "algo.group_size=4", "algo.epochs_per_step=2", "algo.minibatch_size_episodes=4", "adaptive.window_steps=1",
+    "adaptive.up_at=0.2", "adaptive.down_at=0.1", "adaptive.max_zero_signal=1.0", "adaptive.min_critic_ev=null",
+]
 # (kill point, step it fires at): rollout/update/store take the step number of the stage they are in (RL, ReST
 # and DPO count on from one stage to the next; BC counts its own), the checkpoint points the number of steps
 # done. A kill fires at the first point that matches, and each is followed by `agentgrad train --resume`.
@@ -58,6 +68,9 @@ SCENARIOS = {
     # last step's checkpoint (resumed: BC's end and the switch to ReST are still to do); ReST: between Grow and
     # Improve of its 2nd iteration (step 1); DPO: in the first update of its 2nd iteration (step 3).
     "bc-rest-dpo": (OFFLINE, ["update:4", "checkpoint_pointer:5", "after_checkpoint:6", "rollout:1", "update:3"]),
+    # BC's steps (3) first; then adaptive: in the rollout of its first ppo step (step 3), in the checkpoint written
+    # after the switch back (5 steps done), in the update of the grpo step after it (step 5).
+    "adaptive": (ADAPTIVE, ["rollout:3", "checkpoint:5", "update:5"]),
 }
 VOLATILE = ("time", "perf/")
 
@@ -114,6 +127,9 @@ def test_kill_9_at_named_points_then_resume_matches_an_uninterrupted_run(tmp_pat
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed"] and summary["final_success_rate"] == json.loads(
         (tmp_path / "ref" / "summary.json").read_text())["final_success_rate"]
+    if scenario == "adaptive":  # both switches, restored from checkpoints into the killed run's summary
+        assert [(w["algo"], w["to_algo"], w["at_step"]) for w in summary["stage_switches"]
+                if w["from_stage"] == w["to_stage"]] == [("grpo", "ppo", 3), ("ppo", "grpo", 5)]
     if scenario == "bc-rest-dpo":  # the run is the one the comments above describe
         rows = [json.loads(line) for line in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
         by_stage = {stage: {r["step"]: r for r in rows if r["stage"] == stage} for stage in ("bc", "rest", "dpo")}

@@ -81,6 +81,9 @@ class RLState:
     replay: ReplayBuffer | None = None
     success_ema: float | None = None
     nonfinite: NonFiniteGuard = field(default_factory=lambda: NonFiniteGuard(3))
+    warm_critic: bool = False
+    """While `algorithm` trains no critic, fit `critic` on the batches' Monte-Carlo returns (the adaptive stage's
+    warm-up before PPO takes over)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_controller.state_dict(),
@@ -98,17 +101,19 @@ class RLState:
         self.nonfinite.consecutive = state["consecutive_nonfinite"]
 
 
-def start_rl(c: Components, saved: Mapping[str, Any] | None = None) -> RLState:
-    """A stage's fresh RL state (the reference is the policy as the stage starts), or the `saved` one."""
+def start_rl(c: Components, saved: Mapping[str, Any] | None = None, *, algorithm: OnlineAlgorithm | None = None,
+             with_critic: bool = False) -> RLState:
+    """A stage's fresh RL state (the reference is the policy as the stage starts), or the `saved` one; for
+    `algorithm` (default `algo.name`'s), with a critic when it trains one or `with_critic`."""
     algo = c.config.algo
-    algorithm = ONLINE_ALGORITHMS.get(algo.name)
+    algorithm = algorithm or ONLINE_ALGORITHMS.get(algo.name)
     reference = None
     if algo.kl_coef > 0:
         reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
     kl_controller = make_kl_controller(algo.kl_controller, algo.kl_coef, target=algo.kl_target,
                                        horizon=algo.kl_horizon_episodes)
     critic = None
-    if algorithm.uses_critic:
+    if algorithm.uses_critic or with_critic:
         critic = build_critic(c.loaded.model, c.config.critic.model, lr=c.config.critic.lr, grad_clip=algo.grad_clip)
     state = RLState(algorithm, Scoring(c.config.rollout.temperature), reference, kl_controller, critic,
                     replay=build_replay(c.config), nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite))
@@ -323,7 +328,8 @@ def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 
     """`epochs_per_step` passes of clipped policy-gradient updates (and value updates) over minibatches. An
     update whose loss is not finite is skipped (parameters unchanged) and counted; `state.nonfinite` aborts
     the run after `faults.max_consecutive_nonfinite` in a row."""
-    if state.critic is None and not bool((batch.advantages * batch.loss_mask).any()):
+    trains_critic = state.algorithm.uses_critic
+    if not trains_critic and not bool((batch.advantages * batch.loss_mask).any()):
         # Every group was zero-signal: a step would only replay Adam's momentum from earlier batches.
         return {"train/updates": 0.0, "train/no_signal_steps": 1.0}
     totals: Counter = Counter()
@@ -345,7 +351,7 @@ def policy_update(c: Components, batch: TokenBatch, state: RLState, step: int = 
         totals.update(metrics)
         totals.update(c.learner.step(loss))
         kill_point("update", step)
-        if state.critic is not None:
+        if trains_critic:
             totals.update(value_update(c, state.critic, mb))
     out = {k: v / max(1, n_updates) for k, v in totals.items()}
     out |= {"faults/nonfinite_losses": float(totals["faults/nonfinite_losses"]),
@@ -372,6 +378,26 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     }
     out.update({f"rollout/stop_{reason}": count / n for reason, count in stops.items()})
     return out
+
+
+def monte_carlo_returns(c: Components, batch: TokenBatch) -> torch.Tensor:
+    """Each policy token's discounted reward-to-go (algo.gamma per policy token, no bootstrap): GAE with lambda 1
+    and V = 0, the target PPO's value loss approaches as its lambda nears 1. (B, T)"""
+    values = torch.zeros_like(batch.token_rewards, dtype=torch.float32)  # (B, T)
+    out = ADVANTAGE_ESTIMATORS.get("gae")(batch.token_rewards, batch.loss_mask, batch.group_index, values,
+                                          AdvantageParams(gamma=c.config.algo.gamma, lam=1.0))
+    return out.returns  # (B, T)
+
+
+def warm_critic(c: Components, critic: Critic, batch: TokenBatch) -> dict[str, float]:
+    """Fit the critic on a critic-free algorithm's batch (`batch.returns`: its Monte-Carlo returns), as PPO's
+    value updates would: epochs_per_step passes of the clipped value loss over the same minibatches."""
+    totals: Counter = Counter()
+    n = 0
+    for mb in minibatches(c, batch):
+        totals.update(value_update(c, critic, mb))
+        n += 1
+    return {k: v / max(1, n) for k, v in totals.items()}
 
 
 def critic_metrics(batch: TokenBatch) -> dict[str, float]:
@@ -418,7 +444,12 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
         batch = add_reference(c, state, batch)
         batch = add_values(state, batch)
         batch = compute_advantages(c, batch, state.algorithm)
+        idle_critic = state.critic is not None and not state.algorithm.uses_critic
+        if idle_critic:  # what the critic is measured (and warmed) on; the policy loss reads no returns
+            batch = batch.replace(returns=monte_carlo_returns(c, batch))
         metrics |= policy_update(c, batch, state, step)
+        if idle_critic and state.warm_critic:  # after its values were taken: they are measured on unseen data
+            metrics |= warm_critic(c, state.critic, batch)
         metrics |= adapt_kl_coef(state, batch, c.config.algo.kl_target_unit)
         metrics |= critic_metrics(batch)
     else:  # dynamic sampling found no group with signal

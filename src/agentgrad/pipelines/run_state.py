@@ -31,6 +31,17 @@ class StageSwitch:
     stage_steps: int
     by_condition: bool
     """True when the switch condition fired; False when the stage used up its steps (or its own rule ended it)."""
+    to_algo: str | None = None
+    """Algorithm run after the switch (None after the last stage)."""
+    reason: str = ""
+    """Why, in words: which threshold fired on which measured values, or the step budget."""
+    values: Mapping[str, float] = field(default_factory=dict)
+    """The measured values the decision read (rolling means, the critic's explained variance at the switch)."""
+
+    @property
+    def within_stage(self) -> bool:
+        """An adaptive stage changed algorithm (from_stage == to_stage); the stage goes on."""
+        return self.from_stage == self.to_stage
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,11 @@ class ScheduleState:
     """The current stage takes no more steps: its switch condition fired or its own rule (BC's) ended it."""
     by_condition: bool = False
     """It was the switch condition."""
+    algo: str | None = None
+    """Algorithm an adaptive stage runs now (the schedule picks it; None for single-algorithm stages)."""
+    signals: tuple[tuple[float, float, float | None], ...] = ()
+    """An adaptive stage's rolling window of (success, zero-signal fraction, critic explained variance or None),
+    restarted at each switch."""
 
     def first_step(self, numbered: bool) -> int:
         """Number of the current stage's first step: rollout stages count on from `global_step`, BC from 0."""
@@ -64,7 +80,9 @@ class ScheduleState:
         return cls(stage_index=int(d["stage_index"]), stage_step=int(d["stage_step"]),
                    global_step=int(d["global_step"]), window=tuple(float(x) for x in d["window"]),
                    switches=tuple(StageSwitch(**s) for s in d["switches"]), stopped=bool(d.get("stopped", False)),
-                   by_condition=bool(d.get("by_condition", False)))
+                   by_condition=bool(d.get("by_condition", False)), algo=d.get("algo"),
+                   signals=tuple((float(s), float(z), None if ev is None else float(ev))
+                                 for s, z, ev in d.get("signals", ())))
 
 
 @dataclass(frozen=True)
@@ -134,6 +152,9 @@ class Stage(Generic[S]):
     """Log every step whatever run.log_every (ReST and DPO always have)."""
     warns_slow_steps: bool = False
     """Warn once when a step takes over run.slow_step_warn_s (the advice is the online RL knobs')."""
+    select_algo: Callable[[S, str], None] | None = None
+    """A stage that runs whichever algorithm the schedule picked (adaptive) is told it before every step
+    (`ScheduleState.algo`), so a resumed run picks it up from the schedule alone."""
 
 
 Advance = Callable[[ScheduleState, Mapping[str, float], bool], ScheduleState]
@@ -161,6 +182,8 @@ def run_stage(name: str, stage: Stage, c: Components, logger: RunLogger, run: Ru
     try:
         while not run.schedule.stopped and run.schedule.stage_step < total:
             step = first + run.schedule.stage_step
+            if stage.select_algo is not None and run.schedule.algo is not None:
+                stage.select_algo(run.stage, run.schedule.algo)
             metrics = stage.step(c, logger, store, run.stage, step)
             if warn_s is not None and metrics.get("perf/step_s", 0.0) > warn_s:
                 logger.display.print(slow_step_warning(name, step + 1, metrics["perf/step_s"], warn_s))
