@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from agentgrad.config_sections import McpServerConfig, Section, TinyModelConfig
+from agentgrad.config_sections import McpServerConfig, MismatchConfig, Section, TinyModelConfig
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -365,6 +365,7 @@ class Config(Section):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="after")

@@ -1,7 +1,9 @@
 """Config sections that live apart from config.py (to keep it readable): the base every section shares, the tiny
-model's shape, and an MCP server entry. `agentgrad.config` re-exports them; import from there."""
+model's shape, an MCP server entry, the mismatch monitor. `agentgrad.config` re-exports them; import from there."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,3 +54,28 @@ class McpServerConfig(Section):
         if (self.command is None) == (self.url is None):
             raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
         return self
+
+
+class MismatchConfig(Section):
+    """The train/inference mismatch monitor (algos/mismatch.py; docs/scale-out.md#mismatch-monitor)."""
+
+    monitor: bool = Field(False, description="Each RL step, score the fresh rollout tokens with the learner before "
+                          "the update and log how far they are from the sampler's logprobs (mismatch/*: mean and max "
+                          "|difference|, ratio quantiles, a |difference| histogram). Costs one forward pass a step. "
+                          "Forced on by correction=on|auto.")
+    correction: Literal["off", "on", "auto"] = Field("off", description="Importance correction of the mismatch on "
+                                                     "fresh rows: pi_old := the learner's logprobs, weight := bounded "
+                                                     "learner/sampler ratio. on: every step; auto: the steps whose "
+                                                     "mean |difference| exceeds auto_threshold; off: monitor only.")
+    auto_threshold: float = Field(0.01, ge=0, description="correction=auto: correct a step whose "
+                                  "mismatch/mean_abs_logprob_diff exceeds this (nats per token).")
+    is_level: Literal["token", "sequence"] = Field("token", description="Correction weights per token or per "
+                                                   "sequence (product of the token ratios).")
+    is_mode: Literal["truncate", "mask"] = Field("truncate", description="Weights above is_bound are truncated "
+                                                 "(TIS) or masked out of the loss (MIS).")
+    is_bound: float = Field(2.0, gt=0, description="Correction weight bound.")
+
+    @property
+    def scores(self) -> bool:
+        """Whether a step needs the learner's recomputation at all."""
+        return self.monitor or self.correction != "off"

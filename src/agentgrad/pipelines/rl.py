@@ -34,6 +34,7 @@ from agentgrad.logging import RunLogger
 from agentgrad.models.value import Critic, build_critic
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.faults import NonFiniteGuard, fault_metrics, mask_tool_faults
+from agentgrad.pipelines.mismatch import monitor_mismatch
 from agentgrad.pipelines.replay import (
     add_fresh,
     build_replay,
@@ -230,14 +231,23 @@ def proximal_logprobs(c: Components, scoring: Scoring, batch: TokenBatch) -> tor
     return out
 
 
-def correct_replayed(c: Components, state: RLState, batch: TokenBatch, num_fresh: int
-                     ) -> tuple[TokenBatch, dict[str, float]]:
+def correct_off_policy(c: Components, state: RLState, batch: TokenBatch, num_fresh: int
+                       ) -> tuple[TokenBatch, dict[str, float]]:
     """Rows from `num_fresh` on were replayed: clip around pi_prox and weight by pi_prox / mu (pipelines.replay).
-    A batch of fresh rows only is returned as it is."""
-    if num_fresh >= batch.num_sequences:
+    The fresh rows go through the mismatch monitor when `mismatch` is on (pipelines.mismatch). pi_prox is scored
+    once, and only when one of them needs it; otherwise the batch is returned as it is."""
+    has_replayed = num_fresh < batch.num_sequences
+    if not has_replayed and not c.config.mismatch.scores:
         return batch, {}
-    replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
-    return off_policy_correction(c.config, batch, proximal_logprobs(c, state.scoring, batch), replayed)
+    prox = proximal_logprobs(c, state.scoring, batch)  # (B, T)
+    metrics: dict[str, float] = {}
+    if has_replayed:
+        replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
+        batch, metrics = off_policy_correction(c.config, batch, prox, replayed)
+    if c.config.mismatch.scores:
+        batch, monitored = monitor_mismatch(c.config.mismatch, batch, prox, num_fresh)
+        metrics |= monitored
+    return batch, metrics
 
 
 def adapt_kl_coef(state: RLState, batch: TokenBatch, unit: str = "episode-sum") -> dict[str, float]:
@@ -413,7 +423,7 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
     metrics |= replay_metrics
     if groups:
         batch = make_batch(c, groups)
-        batch, correction = correct_replayed(c, state, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
+        batch, correction = correct_off_policy(c, state, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
         metrics |= correction
         batch = add_reference(c, state, batch)
         batch = add_values(state, batch)
