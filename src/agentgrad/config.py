@@ -122,6 +122,14 @@ class RolloutConfig(Section):
                                                        "name is written in, arguments stay text (rollout/factored.py). "
                                                        "Trained by BC (bc.head_loss_coef) and RL (each decision is "
                                                        "one more action).")
+    backend: Literal["local", "ray"] = Field("local", description="Where RL rollouts run. local: this process; ray: "
+                                             "`workers` Ray actors, each with a policy replica and its own envs, "
+                                             "weights broadcast after each update (pip install 'agentgrad[ray]'; "
+                                             "docs/scale-out.md).")
+    workers: int = Field(2, gt=0, description="backend=ray: rollout worker actors (groups are spread over them).")
+    worker_cpus: float = Field(1.0, gt=0, description="backend=ray: CPUs Ray reserves for each worker.")
+    ray_address: str | None = Field(None, description="backend=ray: a cluster to join (`ray start --head` prints it; "
+                                    "'auto' finds a local one); None: start Ray inside this run (ray.init()).")
 
 
 class BCConfig(Section):

@@ -27,8 +27,6 @@ from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import select_signal_groups
 from agentgrad.data.replay import ReplayBuffer
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.envs.base import Env, close_envs
-from agentgrad.envs.faults import FaultInjectingEnv
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
 from agentgrad.models.value import Critic, build_critic
@@ -43,10 +41,10 @@ from agentgrad.pipelines.replay import (
     sample_replay,
     update_success_ema,
 )
+from agentgrad.pipelines.rollout_backend import run_rollout
 from agentgrad.pipelines.run_state import Stage, StepHook, run_alone
 from agentgrad.registry import Registry
 from agentgrad.rewards.base import score
-from agentgrad.rollout.loop import run_episodes
 from agentgrad.types import ScoredTrajectory, Task, TrajectoryGroup
 
 
@@ -135,22 +133,10 @@ def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: 
     r = c.config.rollout
     sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
                               seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
-    envs = [make_env(c, step, i) for i in range(len(repeated))]
-    try:
-        trajectories = run_episodes(c.policy, c.codec, envs, repeated, sampling=sampling, limits=c.limits,
-                                    sampler=c.sampler, sample_indices=[i % G for i in range(len(repeated))],
-                                    policy_version=step)
-    finally:
-        close_envs(envs)
+    trajectories = run_rollout(c, repeated, G, sampling=sampling, step=step, policy_version=step)
     scored = score(trajectories, c.reward_fn, c.suite)
     groups = [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
     return mask_tool_faults(groups) if c.config.faults.mask_tool_faults else groups
-
-
-def make_env(c: Components, step: int, index: int) -> Env:
-    env = c.suite.make_env()
-    rate = c.config.faults.inject_tool_failure_rate
-    return FaultInjectingEnv(env, rate, seed=(c.config.run.seed * 1_009 + step) * 100_003 + index) if rate > 0 else env
 
 
 @dataclass(frozen=True)
@@ -419,6 +405,8 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
     metrics = rollout_metrics(rollout.sampled) | fault_metrics(rollout.sampled) | {
         "rollout/rounds": float(rollout.rounds), "rollout/groups_trained": float(len(rollout.groups)),
         "train/kl_coef": state.kl_controller.value}
+    if c.rollout_runner is not None:
+        metrics |= c.rollout_runner.metrics()
     groups, replay_metrics = mix_replay(c, state, rollout, step, num_replayed)
     metrics |= replay_metrics
     if groups:

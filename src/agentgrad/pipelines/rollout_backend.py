@@ -1,0 +1,49 @@
+"""Where an RL step's episodes run (`rollout.backend`): in this process, or spread over Ray rollout workers
+(`pipelines/ray_rollout.py`, imported only when chosen). Both give the same trajectories for the same seeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentgrad.backends.base import SamplingParams
+from agentgrad.config import Config
+from agentgrad.envs.base import Env, TaskSuite, close_envs
+from agentgrad.envs.faults import FaultInjectingEnv
+from agentgrad.pipelines.components import Components
+from agentgrad.rollout.loop import run_episodes
+from agentgrad.types import Task, Trajectory
+
+
+def make_rollout_env(config: Config, suite: TaskSuite, step: int, index: int) -> Env:
+    """Episode `index` of step `step`'s env (with its own fault-injection seed when faults are injected)."""
+    env = suite.make_env()
+    rate = config.faults.inject_tool_failure_rate
+    return FaultInjectingEnv(env, rate, seed=(config.run.seed * 1_009 + step) * 100_003 + index) if rate > 0 else env
+
+
+def run_rollout(c: Components, tasks: Sequence[Task], group_size: int, *, sampling: SamplingParams, step: int,
+                policy_version: int) -> list[Trajectory]:
+    """One episode per task (episode i keyed i: its env, its randomness; sample i % group_size of its group), in
+    input order, with the configured backend. Ray workers get the learner's weights first whenever
+    `policy_version` changed."""
+    sample_indices = [i % group_size for i in range(len(tasks))]
+    if c.config.rollout.backend == "ray":
+        if c.rollout_runner is None:
+            from agentgrad.pipelines.ray_rollout import RayRollout
+
+            c.rollout_runner = RayRollout(c.config, c.model_dir)
+        c.rollout_runner.sync_weights(policy_version, c.loaded.model)
+        return c.rollout_runner.run(tasks, group_size, sampling=sampling, step=step)
+    envs = [make_rollout_env(c.config, c.suite, step, i) for i in range(len(tasks))]
+    try:
+        return run_episodes(c.policy, c.codec, envs, tasks, sampling=sampling, limits=c.limits, sampler=c.sampler,
+                            sample_indices=sample_indices, policy_version=policy_version)
+    finally:
+        close_envs(envs)
+
+
+def close_rollout(c: Components) -> None:
+    """Stop the Ray workers (and the Ray runtime the run started), if any."""
+    if c.rollout_runner is not None:
+        c.rollout_runner.close()
+        c.rollout_runner = None
