@@ -130,6 +130,9 @@ class RolloutConfig(Section):
     worker_cpus: float = Field(1.0, gt=0, description="backend=ray: CPUs Ray reserves for each worker.")
     ray_address: str | None = Field(None, description="backend=ray: a cluster to join (`ray start --head` prints it; "
                                     "'auto' finds a local one); None: start Ray inside this run (ray.init()).")
+    max_staleness: int = Field(0, ge=0, description="Async RL rollouts: sample step s+k (k = this) with the weights "
+                               "before step s's update while s trains; 0: synchronous. Needs replay off and "
+                               "action_head=tokens; stale groups past the bound are dropped (docs/scale-out.md).")
 
 
 class BCConfig(Section):
@@ -383,6 +386,8 @@ class Config(Section):
         if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
             raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
                              f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
+        if self.rollout.max_staleness and (self.replay.enabled or self.rollout.action_head != "tokens"):
+            raise ValueError("rollout.max_staleness > 0 needs replay.enabled=false and rollout.action_head=tokens")
         if self.model.path is None and self.model.chat_template.endswith(".jinja"):
             raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
                              "for one), not a .jinja file")

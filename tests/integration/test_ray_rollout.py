@@ -123,7 +123,7 @@ def _cpu_ticks(pid: int) -> int:
 def test_a_worker_killed_mid_step_has_its_episodes_rerun_none_lost_none_duplicated(components, tmp_path):
     c, local = components
     driver = c.rollout_runner
-    driver.sync_weights(STEP, c.loaded.model)
+    driver.sync_weights(STEP, c.loaded.model.state_dict())
     victim = driver.workers[0]
     pid = ray.get(victim.pid.remote())
     before, respawned, reissued = _cpu_ticks(pid), driver.respawned, driver.reissued

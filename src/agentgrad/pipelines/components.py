@@ -36,6 +36,7 @@ class Components:
     tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
     model_dir: str | None = None  # where the model was loaded from (Ray rollout workers load its config/tokenizer)
     rollout_runner: Any = None  # rollout.backend=ray: the driver, started at the first rollout (rollout_backend.py)
+    sampling_replica: Any = None  # rollout.max_staleness > 0, local: (policy, codec) on a copy of the model
 
     @property
     def pad_token_id(self) -> int:

@@ -131,13 +131,13 @@ class RayRollout:
             worker.set_weights.remote(self.version, self.weights)  # ordered before any run on this actor
         return worker
 
-    def sync_weights(self, version: int, model: torch.nn.Module) -> None:
-        """Broadcast `model`'s weights as `version` if the workers hold another version."""
+    def sync_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Broadcast `weights` (a state dict) as `version` if the workers hold another version."""
         import ray
 
         if version == self.version:
             return
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        state = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
         self.version, self.weights = version, ray.put(state)
         ray.get([w.set_weights.remote(version, self.weights) for w in self.workers])
         self.syncs += 1
