@@ -159,3 +159,27 @@ def test_an_rl_step_on_ray_workers_logs_their_counters(components, tmp_path):
     metrics = rl.rl_step(c, STEP + 2, state, TrajectoryStore(tmp_path / "t"))
     assert metrics["ray/workers"] == 2.0 and metrics["ray/weight_syncs"] >= 1
     assert metrics["rollout/generated_tokens"] > 0
+
+
+def test_a_worker_dead_between_steps_is_replaced_at_the_next_broadcast(components):
+    c, local = components
+    driver = c.rollout_runner
+    victim, respawned = driver.workers[1], driver.respawned
+    ray.kill(victim)
+    version = STEP + 10  # a new version: the broadcast finds the dead worker
+    remote = run_rollout(c, step_tasks(c), G, sampling=sampling(c), step=STEP, policy_version=version)
+    assert driver.respawned == respawned + 1 and driver.workers[1] is not victim
+    in_process = run_rollout(local, step_tasks(local), G, sampling=sampling(local), step=STEP,
+                             policy_version=version)
+    for a, b in zip(remote, in_process, strict=True):
+        assert_same_episode(a, b, logprob_atol=1e-5)
+
+
+def test_more_worker_cpus_than_the_runtime_offers_is_one_clear_error(ray_runtime):
+    from agentgrad.pipelines.preflight import BadInputError
+    from agentgrad.pipelines.ray_rollout import RayRollout
+
+    config = build_config(overrides=[*SHAPE, "rollout.backend=ray", "rollout.workers=3"])  # 3 CPUs of 2
+    with pytest.raises(BadInputError, match="needs 3 CPUs; the Ray runtime offers 2"):
+        RayRollout(config, "unused")
+    assert ray.is_initialized()  # a runtime it joined is left running

@@ -29,6 +29,7 @@ from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.keyed import KeyedSessionPolicy
 from agentgrad.config import Config
 from agentgrad.envs.base import close_envs
+from agentgrad.pipelines.preflight import BadInputError
 from agentgrad.types import Task, Trajectory
 
 MAX_ATTEMPTS = 3
@@ -116,6 +117,13 @@ class RayRollout:
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             ray.init(address=r.ray_address, include_dashboard=False, log_to_driver=False)
+        offered = ray.cluster_resources().get("CPU", 0.0)
+        if r.workers * r.worker_cpus > offered:  # Ray would leave the surplus workers pending, silently, for ever
+            if self.owns_ray:
+                ray.shutdown()
+            raise BadInputError(f"rollout.workers={r.workers} x rollout.worker_cpus={r.worker_cpus:g} needs "
+                                f"{r.workers * r.worker_cpus:g} CPUs; the Ray runtime offers {offered:g}: lower "
+                                "them (worker_cpus may be fractional) or add nodes")
         self.config_dict, self.model_dir = config.to_dict(), model_dir
         self.actor = ray.remote(num_cpus=r.worker_cpus, max_restarts=0)(RolloutWorker)
         self.version: int | None = None
@@ -139,7 +147,15 @@ class RayRollout:
             return
         state = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
         self.version, self.weights = version, ray.put(state)
-        ray.get([w.set_weights.remote(version, self.weights) for w in self.workers])
+        from ray.exceptions import RayActorError, WorkerCrashedError
+
+        acks = [w.set_weights.remote(version, self.weights) for w in self.workers]
+        for slot, ack in enumerate(acks):
+            try:
+                ray.get(ack)
+            except (RayActorError, WorkerCrashedError):  # died since its last shard: a fresh one gets these weights
+                self.workers[slot] = self._spawn()
+                self.respawned += 1
         self.syncs += 1
 
     def metrics(self) -> dict[str, float]:
