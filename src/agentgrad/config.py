@@ -19,7 +19,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from agentgrad.config_sections import AdaptiveConfig, McpServerConfig, Section, TinyModelConfig
+from agentgrad.config_sections import (
+    AdaptiveConfig,
+    EvalConfig,
+    FaultsConfig,
+    McpServerConfig,
+    MismatchConfig,
+    ReplayConfig,
+    Section,
+    TinyModelConfig,
+)
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -133,6 +142,17 @@ class RolloutConfig(Section):
                                                        "name is written in, arguments stay text (rollout/factored.py). "
                                                        "Trained by BC (bc.head_loss_coef) and RL (each decision is "
                                                        "one more action).")
+    backend: Literal["local", "ray"] = Field("local", description="Where RL rollouts run. local: this process; ray: "
+                                             "`workers` Ray actors, each with a policy replica and its own envs, "
+                                             "weights broadcast after each update (pip install 'agentgrad[ray]'; "
+                                             "docs/scale-out.md).")
+    workers: int = Field(2, gt=0, description="backend=ray: rollout worker actors (groups are spread over them).")
+    worker_cpus: float = Field(1.0, gt=0, description="backend=ray: CPUs Ray reserves for each worker.")
+    ray_address: str | None = Field(None, description="backend=ray: a cluster to join (`ray start --head` prints it; "
+                                    "'auto' finds a local one); None: start Ray inside this run (ray.init()).")
+    max_staleness: int = Field(0, ge=0, description="Async RL rollouts: sample step s+k (k = this) with the weights "
+                               "before step s's update while s trains; 0: synchronous. Needs replay off and "
+                               "action_head=tokens; stale groups past the bound are dropped (docs/scale-out.md).")
 
 
 class BCConfig(Section):
@@ -293,46 +313,6 @@ class ScheduleConfig(Section):
                                                                         "algo.name for algo.steps).")
 
 
-class ReplayConfig(Section):
-    enabled: bool = Field(False, description="Mix replayed groups (offline logs, earlier rollouts) into each RL "
-                                             "step, with importance-weight correction.")
-    offline_paths: list[str] = Field(default_factory=list, description="Store directories to preload (a run's "
-                                     "trajectories/ or the --out of `agentgrad data import`).")
-    capacity_groups: int = Field(4096, gt=0, description="Groups held; adding past capacity evicts the oldest (FIFO).")
-    add_fresh: bool = Field(True, description="Also add each step's fresh rollout groups to the buffer.")
-    sampling: Literal["uniform", "reward"] = Field("uniform", description="Replay sampling: uniform, or "
-                                                   "reward-prioritised (P ~ exp(mean group reward / temperature)).")
-    priority_temperature: float = Field(1.0, gt=0, description="Temperature of reward-prioritised sampling.")
-    offline_fraction: float = Field(0.7, ge=0, lt=1, description="Fraction of each step's groups drawn from the "
-                                    "buffer (the rest are fresh rollouts); the start value under schedule=success.")
-    schedule: Literal["constant", "success"] = Field("constant", description="constant, or move the offline "
-                                                     "fraction toward final_offline_fraction as success rises.")
-    final_offline_fraction: float = Field(0.0, ge=0, lt=1, description="Offline fraction once rollout success "
-                                          "reaches success_target (schedule=success).")
-    success_target: float = Field(0.8, gt=0, le=1, description="Rollout success (EMA) at which the schedule ends.")
-    success_ema: float = Field(0.5, gt=0, le=1, description="Weight of the newest step in the success EMA.")
-    is_level: Literal["token", "sequence"] = Field("token", description="Importance weights per token or per "
-                                                   "sequence (pi_theta / pi_behaviour).")
-    is_mode: Literal["truncate", "mask"] = Field("truncate", description="Weights above is_bound are truncated "
-                                                 "(TIS) or masked out.")
-    is_bound: float = Field(2.0, gt=0, description="Importance-weight bound.")
-
-
-class FaultsConfig(Section):
-    max_consecutive_nonfinite: int = Field(3, gt=0, description="Abort after this many optimizer updates in a row "
-                                           "with a non-finite loss (each one is skipped, parameters unchanged).")
-    mask_tool_faults: bool = Field(True, description="Mask samples whose tool timed out or crashed (an "
-                                   "infrastructure fault, not the policy's doing) instead of training on them.")
-    inject_tool_failure_rate: float = Field(0.0, ge=0, le=1, description="Chaos testing: this fraction of tool "
-                                            "calls returns a timeout or crash instead of running.")
-
-
-class EvalConfig(Section):
-    num_tasks: int = Field(200, gt=0, description="Held-out tasks for evaluation.")
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature at evaluation (0: greedy).")
-    batch_size: int = Field(100, gt=0, description="Episodes evaluated together.")
-
-
 class RunConfig(Section):
     name: str | None = Field(None, description="Run name; defaults to a timestamp.")
     output_dir: str = Field("runs", description="Directory under which the run directory is created.")
@@ -382,6 +362,7 @@ class Config(Section):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="after")
@@ -391,6 +372,8 @@ class Config(Section):
         if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
             raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
                              f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
+        if self.rollout.max_staleness and (self.replay.enabled or self.rollout.action_head != "tokens"):
+            raise ValueError("rollout.max_staleness > 0 needs replay.enabled=false and rollout.action_head=tokens")
         if self.model.path is None and self.model.chat_template.endswith(".jinja"):
             raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
                              "for one), not a .jinja file")

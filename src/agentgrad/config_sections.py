@@ -1,5 +1,6 @@
 """Config sections that live apart from config.py (to keep it readable): the base every section shares, the tiny
-model's shape, and an MCP server entry. `agentgrad.config` re-exports them; import from there."""
+model's shape, an MCP server entry, the adaptive stage, the mismatch monitor, replay, faults and evaluation.
+`agentgrad.config` re-exports them; import from there."""
 
 from __future__ import annotations
 
@@ -88,3 +89,68 @@ class AdaptiveConfig(Section):
             raise ValueError("adaptive.min_critic_ev waits for a critic that adaptive.warm_critic=false never "
                              "trains: set adaptive.min_critic_ev=null too")
         return self
+
+
+class MismatchConfig(Section):
+    """The train/inference mismatch monitor (algos/mismatch.py; docs/scale-out.md#mismatch-monitor)."""
+
+    monitor: bool = Field(False, description="Each RL step, score the fresh rollout tokens with the learner before "
+                          "the update and log how far they are from the sampler's logprobs (mismatch/*: mean and max "
+                          "|difference|, ratio quantiles, a |difference| histogram). Costs one forward pass a step. "
+                          "Forced on by correction=on|auto.")
+    correction: Literal["off", "on", "auto"] = Field("off", description="Importance correction of the mismatch on "
+                                                     "fresh rows: pi_old := the learner's logprobs, weight := bounded "
+                                                     "learner/sampler ratio. on: every step; auto: the steps whose "
+                                                     "mean |difference| exceeds auto_threshold; off: monitor only.")
+    auto_threshold: float = Field(0.01, ge=0, description="correction=auto: correct a step whose "
+                                  "mismatch/mean_abs_logprob_diff exceeds this (nats per token).")
+    is_level: Literal["token", "sequence"] = Field("token", description="Correction weights per token or per "
+                                                   "sequence (product of the token ratios).")
+    is_mode: Literal["truncate", "mask"] = Field("truncate", description="Weights above is_bound are truncated "
+                                                 "(TIS) or masked out of the loss (MIS).")
+    is_bound: float = Field(2.0, gt=0, description="Correction weight bound.")
+
+    @property
+    def scores(self) -> bool:
+        """Whether a step needs the learner's recomputation at all."""
+        return self.monitor or self.correction != "off"
+
+
+class ReplayConfig(Section):
+    enabled: bool = Field(False, description="Mix replayed groups (offline logs, earlier rollouts) into each RL "
+                                             "step, with importance-weight correction.")
+    offline_paths: list[str] = Field(default_factory=list, description="Store directories to preload (a run's "
+                                     "trajectories/ or the --out of `agentgrad data import`).")
+    capacity_groups: int = Field(4096, gt=0, description="Groups held; adding past capacity evicts the oldest (FIFO).")
+    add_fresh: bool = Field(True, description="Also add each step's fresh rollout groups to the buffer.")
+    sampling: Literal["uniform", "reward"] = Field("uniform", description="Replay sampling: uniform, or "
+                                                   "reward-prioritised (P ~ exp(mean group reward / temperature)).")
+    priority_temperature: float = Field(1.0, gt=0, description="Temperature of reward-prioritised sampling.")
+    offline_fraction: float = Field(0.7, ge=0, lt=1, description="Fraction of each step's groups drawn from the "
+                                    "buffer (the rest are fresh rollouts); the start value under schedule=success.")
+    schedule: Literal["constant", "success"] = Field("constant", description="constant, or move the offline "
+                                                     "fraction toward final_offline_fraction as success rises.")
+    final_offline_fraction: float = Field(0.0, ge=0, lt=1, description="Offline fraction once rollout success "
+                                          "reaches success_target (schedule=success).")
+    success_target: float = Field(0.8, gt=0, le=1, description="Rollout success (EMA) at which the schedule ends.")
+    success_ema: float = Field(0.5, gt=0, le=1, description="Weight of the newest step in the success EMA.")
+    is_level: Literal["token", "sequence"] = Field("token", description="Importance weights per token or per "
+                                                   "sequence (pi_theta / pi_behaviour).")
+    is_mode: Literal["truncate", "mask"] = Field("truncate", description="Weights above is_bound are truncated "
+                                                 "(TIS) or masked out.")
+    is_bound: float = Field(2.0, gt=0, description="Importance-weight bound.")
+
+
+class FaultsConfig(Section):
+    max_consecutive_nonfinite: int = Field(3, gt=0, description="Abort after this many optimizer updates in a row "
+                                           "with a non-finite loss (each one is skipped, parameters unchanged).")
+    mask_tool_faults: bool = Field(True, description="Mask samples whose tool timed out or crashed (an "
+                                   "infrastructure fault, not the policy's doing) instead of training on them.")
+    inject_tool_failure_rate: float = Field(0.0, ge=0, le=1, description="Chaos testing: this fraction of tool "
+                                            "calls returns a timeout or crash instead of running.")
+
+
+class EvalConfig(Section):
+    num_tasks: int = Field(200, gt=0, description="Held-out tasks for evaluation.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature at evaluation (0: greedy).")
+    batch_size: int = Field(100, gt=0, description="Episodes evaluated together.")

@@ -35,6 +35,9 @@ class Components:
     limits: EpisodeLimits
     sampler: SamplerSettings
     tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
+    model_dir: str | None = None  # where the model was loaded from (Ray rollout workers load its config/tokenizer)
+    rollout_runner: Any = None  # rollout.backend=ray: the driver, started at the first rollout (rollout_backend.py)
+    sampling_replica: Any = None  # rollout.max_staleness > 0, local: (policy, codec) on a copy of the model
 
     @property
     def pad_token_id(self) -> int:
@@ -222,4 +225,5 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
                            tool_head=head)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
-                      limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head)
+                      limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,
+                      model_dir=str(path))

@@ -49,12 +49,29 @@ def check_sinks(names: list[str]) -> None:
         raise BadInputError(f"metrics.sinks: {what}; install them with pip install 'agentgrad[sinks]'")
 
 
+def check_rollout_backend(config: Config) -> None:
+    """rollout.backend=ray needs Ray installed, and runs token action heads only."""
+    r = config.rollout
+    if r.backend != "ray":
+        return
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")
+    if spec is None or spec.origin is None:  # origin None: a bare directory named ray (e.g. Ray's /tmp/ray)
+        raise BadInputError("rollout.backend=ray needs Ray: pip install 'agentgrad[ray]' (or leave rollout.backend "
+                            "at local: rollouts in this process)")
+    if r.action_head != "tokens":
+        raise BadInputError("rollout.backend=ray runs rollout.action_head=tokens only (the factored head's draws "
+                            "are keyed by the worker's own rows)")
+
+
 def preflight(config: Config) -> None:
     from agentgrad.envs import SUITES
     from agentgrad.rewards.base import load_reward
 
     check_model_path(config.model.path)
     check_sinks(config.metrics.sinks)
+    check_rollout_backend(config)
     try:  # a registered name, a `module:attr` import path or an entry point (UnknownNameError, ImportRefError)
         factory = SUITES.get(config.env.name)
     except (KeyError, ValueError) as exc:

@@ -27,13 +27,13 @@ from agentgrad.batch import TokenBatch, collate
 from agentgrad.data.filters import select_signal_groups
 from agentgrad.data.replay import ReplayBuffer
 from agentgrad.data.store import TrajectoryStore
-from agentgrad.envs.base import Env, close_envs
-from agentgrad.envs.faults import FaultInjectingEnv
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
 from agentgrad.models.value import Critic, build_critic
+from agentgrad.pipelines.async_rollout import RolloutPrefetch, drop_stale
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.faults import NonFiniteGuard, fault_metrics, mask_tool_faults
+from agentgrad.pipelines.mismatch import monitor_mismatch
 from agentgrad.pipelines.replay import (
     add_fresh,
     build_replay,
@@ -42,10 +42,10 @@ from agentgrad.pipelines.replay import (
     sample_replay,
     update_success_ema,
 )
+from agentgrad.pipelines.rollout_backend import run_rollout
 from agentgrad.pipelines.run_state import Stage, StepHook, run_alone
 from agentgrad.registry import Registry
 from agentgrad.rewards.base import score
-from agentgrad.rollout.loop import run_episodes
 from agentgrad.types import ScoredTrajectory, Task, TrajectoryGroup
 
 
@@ -84,6 +84,7 @@ class RLState:
     warm_critic: bool = False
     """While `algorithm` trains no critic, fit `critic` on the batches' Monte-Carlo returns (the adaptive stage's
     warm-up before PPO takes over)."""
+    prefetch: RolloutPrefetch | None = None  # rollout.max_staleness > 0: rollouts started ahead (not saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_controller.state_dict(),
@@ -133,28 +134,20 @@ def rl_tasks(c: Components, step: int, round_index: int = 0, n: int | None = Non
 
 
 def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: int | None = None,
-                   round_index: int = 0) -> list[TrajectoryGroup]:
+                   round_index: int = 0, *, version: int | None = None, weights: dict | None = None
+                   ) -> list[TrajectoryGroup]:
+    """A group of `group_size` episodes per task, sampled by the live policy (policy version `step`), or by a
+    `weights` snapshot of version `version` (async rollouts)."""
     G = group_size or c.config.algo.group_size
     repeated = [t for t in tasks for _ in range(G)]
     r = c.config.rollout
     sampling = SamplingParams(max_new_tokens=c.limits.max_new_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
                               seed=c.config.run.seed * 7_919 + step + 104_729 * round_index)
-    envs = [make_env(c, step, i) for i in range(len(repeated))]
-    try:
-        trajectories = run_episodes(c.policy, c.codec, envs, repeated, sampling=sampling, limits=c.limits,
-                                    sampler=c.sampler, sample_indices=[i % G for i in range(len(repeated))],
-                                    policy_version=step)
-    finally:
-        close_envs(envs)
+    trajectories = run_rollout(c, repeated, G, sampling=sampling, step=step,
+                               policy_version=step if version is None else version, weights=weights)
     scored = score(trajectories, c.reward_fn, c.suite)
     groups = [TrajectoryGroup(task, tuple(scored[i * G:(i + 1) * G])) for i, task in enumerate(tasks)]
     return mask_tool_faults(groups) if c.config.faults.mask_tool_faults else groups
-
-
-def make_env(c: Components, step: int, index: int) -> Env:
-    env = c.suite.make_env()
-    rate = c.config.faults.inject_tool_failure_rate
-    return FaultInjectingEnv(env, rate, seed=(c.config.run.seed * 1_009 + step) * 100_003 + index) if rate > 0 else env
 
 
 @dataclass(frozen=True)
@@ -164,25 +157,39 @@ class Rollout:
     groups: tuple[TrajectoryGroup, ...]
     sampled: tuple[TrajectoryGroup, ...]
     rounds: int
+    metrics: Mapping[str, float] = field(default_factory=dict)  # async rollouts: staleness
 
 
-def collect_groups(c: Components, step: int, num_groups: int | None = None) -> Rollout:
+def collect_groups(c: Components, step: int, num_groups: int | None = None,
+                   prefetch: RolloutPrefetch | None = None) -> Rollout:
     """`num_groups` (default tasks_per_step) rollout groups, then apply `algo.zero_signal`: keep, filter, or
     resample (DAPO dynamic sampling, Yu et al. 2025: draw new tasks until `num_groups` groups have signal or
-    `max_resample_rounds` extra rounds ran)."""
+    `max_resample_rounds` extra rounds ran). With async rollouts (`prefetch`) the first round is the one started
+    ahead, less its groups past the staleness bound, and every round runs on the rollout thread."""
     algo = c.config.algo
     n = num_groups or algo.tasks_per_step
-    sampled = rollout_groups(c, rl_tasks(c, step, n=n), step)
+
+    def rollout(*args, **kwargs) -> list[TrajectoryGroup]:
+        if prefetch is None:
+            return rollout_groups(c, *args, **kwargs)
+        return prefetch.run_now(rollout_groups, c, *args, **kwargs)
+
+    sampled = prefetch.take(step) if prefetch is not None else None
+    if sampled is None:
+        sampled = rollout(rl_tasks(c, step, n=n), step)
+    metrics: dict[str, float] = {}
+    if prefetch is not None:
+        sampled, metrics = drop_stale(sampled, step, prefetch.max_staleness)
     rounds = 1
     if algo.zero_signal == "resample":
         while sum(not g.is_zero_signal for g in sampled) < n and rounds <= algo.max_resample_rounds:
-            sampled += rollout_groups(c, rl_tasks(c, step, rounds, n=n), step, round_index=rounds)
+            sampled += rollout(rl_tasks(c, step, rounds, n=n), step, round_index=rounds)
             rounds += 1
     if algo.zero_signal == "keep":
         kept = sampled
     else:
         kept = select_signal_groups(sampled, n)
-    return Rollout(tuple(kept), tuple(sampled), rounds)
+    return Rollout(tuple(kept), tuple(sampled), rounds, metrics)
 
 
 def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
@@ -235,14 +242,23 @@ def proximal_logprobs(c: Components, scoring: Scoring, batch: TokenBatch) -> tor
     return out
 
 
-def correct_replayed(c: Components, state: RLState, batch: TokenBatch, num_fresh: int
-                     ) -> tuple[TokenBatch, dict[str, float]]:
+def correct_off_policy(c: Components, state: RLState, batch: TokenBatch, num_fresh: int
+                       ) -> tuple[TokenBatch, dict[str, float]]:
     """Rows from `num_fresh` on were replayed: clip around pi_prox and weight by pi_prox / mu (pipelines.replay).
-    A batch of fresh rows only is returned as it is."""
-    if num_fresh >= batch.num_sequences:
+    The fresh rows go through the mismatch monitor when `mismatch` is on (pipelines.mismatch). pi_prox is scored
+    once, and only when one of them needs it; otherwise the batch is returned as it is."""
+    has_replayed = num_fresh < batch.num_sequences
+    if not has_replayed and not c.config.mismatch.scores:
         return batch, {}
-    replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
-    return off_policy_correction(c.config, batch, proximal_logprobs(c, state.scoring, batch), replayed)
+    prox = proximal_logprobs(c, state.scoring, batch)  # (B, T)
+    metrics: dict[str, float] = {}
+    if has_replayed:
+        replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
+        batch, metrics = off_policy_correction(c.config, batch, prox, replayed)
+    if c.config.mismatch.scores:
+        batch, monitored = monitor_mismatch(c.config.mismatch, batch, prox, num_fresh)
+        metrics |= monitored
+    return batch, metrics
 
 
 def adapt_kl_coef(state: RLState, batch: TokenBatch, unit: str = "episode-sum") -> dict[str, float]:
@@ -426,7 +442,10 @@ def mix_replay(c: Components, state: RLState, rollout: Rollout, step: int, num_r
 def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | None) -> dict[str, float]:
     t0 = time.perf_counter()
     num_fresh, num_replayed = plan_step(c.config, state.replay, state.success_ema or 0.0)
-    rollout = collect_groups(c, step, num_fresh)
+    rollout = collect_groups(c, step, num_fresh, state.prefetch)
+    if state.prefetch is not None:  # the next steps sample with the weights before this update, as it runs
+        state.prefetch.start_ahead(step, lambda: {k: v.detach().clone()
+                                                  for k, v in c.loaded.model.state_dict().items()})
     kill_point("rollout", step)
     t_rollout = time.perf_counter() - t0
     if store is not None:
@@ -434,12 +453,14 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
                      groups=[f"{step}:{i}" for i, g in enumerate(rollout.sampled) for _ in g.samples])
     metrics = rollout_metrics(rollout.sampled) | fault_metrics(rollout.sampled) | {
         "rollout/rounds": float(rollout.rounds), "rollout/groups_trained": float(len(rollout.groups)),
-        "train/kl_coef": state.kl_controller.value}
+        "train/kl_coef": state.kl_controller.value, **rollout.metrics}
+    if c.rollout_runner is not None:
+        metrics |= c.rollout_runner.metrics()
     groups, replay_metrics = mix_replay(c, state, rollout, step, num_replayed)
     metrics |= replay_metrics
     if groups:
         batch = make_batch(c, groups)
-        batch, correction = correct_replayed(c, state, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
+        batch, correction = correct_off_policy(c, state, batch, num_fresh=sum(len(g.samples) for g in rollout.groups))
         metrics |= correction
         batch = add_reference(c, state, batch)
         batch = add_values(state, batch)
@@ -462,11 +483,23 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
 def _start(c: Components, logger: RunLogger, first_step: int, saved: Mapping[str, Any] | None) -> RLState:
     state = start_rl(c, saved)
     c.learner.set_lr(c.config.algo.lr)
+    k = c.config.rollout.max_staleness
+    if k > 0:
+        n = c.config.algo.tasks_per_step
+        state.prefetch = RolloutPrefetch(k, first_step + c.config.algo.steps - 1, lambda step, version, weights:
+                                         rollout_groups(c, rl_tasks(c, step, n=n), step, version=version,
+                                                        weights=weights))
     return state
 
 
+def _finish(c: Components, logger: RunLogger, state: RLState, position: Any) -> None:
+    prefetch = getattr(state, "prefetch", None)  # a stand-in state (tests of the step loop) has none
+    if prefetch is not None:
+        prefetch.close()
+
+
 ONLINE_STAGE: Stage[RLState] = Stage(
-    budget=lambda config: config.algo.steps, start=_start, warns_slow_steps=True,
+    budget=lambda config: config.algo.steps, start=_start, finish=_finish, warns_slow_steps=True,
     step=lambda c, logger, store, state, step: rl_step(c, step, state, store))
 """Every online algorithm's stage (steps numbered globally: task and sampling seeds follow the step number, so a
 later stage never replays an earlier stage's tasks)."""

@@ -23,6 +23,7 @@ from agentgrad.pipelines.components import TOOL_HEAD_FILE, Components, build_com
 from agentgrad.pipelines.evaluate import EvalResult, evaluate
 from agentgrad.pipelines.preflight import check_fresh_run, check_resumable
 from agentgrad.pipelines.resume import RunCheckpointer, can_resume, resume_run, truncate_file
+from agentgrad.pipelines.rollout_backend import close_rollout
 from agentgrad.pipelines.run_state import RunState
 from agentgrad.pipelines.schedule import run_schedule, stages_of
 from agentgrad.sinks import SinkContext, make_sinks
@@ -110,6 +111,7 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
     finally:
         logger.close()
         close_suite(c.suite)  # its sandbox pool, its MCP servers
+        close_rollout(c)  # Ray rollout workers
     initial, final = run.info.evals["bc"], run.info.evals["final"]
     summary = {"run_dir": str(run_dir), "initial_success_rate": initial["success_rate"],
                "final_success_rate": final["success_rate"], "initial_eval": initial,
