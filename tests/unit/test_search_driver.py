@@ -46,11 +46,7 @@ class StochasticScript:
                 options = [(WRONG, 0.6), (call(expression), 0.3), (call("1 + 1"), 0.1)]
             else:
                 options = [(answer, 0.3), (WRONG, 0.7)]
-            r, acc = rng.random(), 0.0
-            for turn, p in options:
-                acc += p
-                if r < acc:
-                    break
+            turn, p = rng.choices(options, weights=[p for _, p in options])[0]
             ids = self.codec.encode(turn) + [self.codec.eos_token_ids[0]]
             self.tokens += len(ids)
             out.append(Generation(tuple(ids), (math.log(p),) + (0.0,) * (len(ids) - 1), "stop"))
@@ -69,9 +65,9 @@ def scripted_values(codec):
             text = codec.decode(seq)
             expression = EXPR.search(text).group(1)
             tail = text.rstrip()
-            if tail.endswith(call(expression)) or tail.endswith(str(eval(expression))):
+            if tail.endswith((call(expression), str(eval(expression)))):
                 out.append(0.9)
-            elif tail.endswith("</tool_call>") or tail.endswith(WRONG):
+            elif tail.endswith(("</tool_call>", WRONG)):
                 out.append(0.1)
             else:
                 out.append(0.5)
