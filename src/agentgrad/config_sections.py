@@ -73,7 +73,8 @@ class MctsConfig(Section):
     samples_per_expansion: int = Field(8, gt=0, description="Candidate turns sampled per expanded node before "
                                        "de-duplication by (tool, normalised arguments).")
     c_puct: float = Field(1.25, ge=0, description="PUCT exploration constant (AlphaZero's c_init).")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature of candidate turns.")
+    temperature: float | None = Field(None, ge=0, description="Sampling temperature of candidate turns (None: "
+                                      "rollout.temperature, the policy's own rollouts' temperature).")
     rollout_mix: float = Field(0.0, ge=0, le=1, description="Leaf value = (1 - mix) * V(leaf) + mix * the outcome "
                                "of one policy rollout from the leaf.")
     stop_on_success: bool = Field(True, description="A tree stops once it reached a successful episode.")

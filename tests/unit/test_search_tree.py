@@ -74,13 +74,13 @@ def test_four_simulations_backed_up_by_hand():
     assert [c.edge.key for c in kids] == ["B", "C"]
     assert [c.edge.prior for c in kids] == pytest.approx([0.5, 0.5])
     b, c = kids
-    b.terminal_value, c.terminal_value = 0.0, 1.0  # B's episode fails, C's succeeds
+    leaf_value = {"B": 0.0, "C": 1.0}  # what evaluating each leaf returns (left unexpanded, so it stays a leaf)
     backup(root, 0.3)  # the root's own evaluation: N=1, W=0.3
     picked = []
     for _ in range(4):
         leaf = select_leaf(root)
         picked.append(leaf.edge.key)
-        backup(leaf, leaf.terminal_value)
+        backup(leaf, leaf_value[leaf.edge.key])
     # sim 1: sum N = 0: B 0.6 vs C 0.4 -> B; backs up 0: B N=1 W=0
     # sim 2: sqrt(1) = 1: B 0 + 1.25*0.5*1/2 = 0.3125; C 0.4 + 1.25*0.5*1/1 = 1.025 -> C; C N=1 W=1
     # sim 3: sqrt(2) = 1.4142: B 0 + 0.625*1.4142/2 = 0.4419; C 1 + 0.4419 = 1.4419 -> C; C N=2 W=2
@@ -90,6 +90,31 @@ def test_four_simulations_backed_up_by_hand():
     # root: N = 1 + 4 = 5, W = 0.3 + 0 + 1 + 1 + 1 = 3.3, Q = 0.66
     assert root.visits == 5 and root.q == pytest.approx(0.66)
     assert [n.edge.key for n in most_visited_path(root)[1:]] == ["C"]
+    assert not (root.exhausted or b.exhausted or c.exhausted)  # no terminal was reached
+
+
+def test_terminal_outcomes_exhaust_nodes_and_are_not_revisited():
+    root = Node()
+    a, b = expand(root, [Sample("A", 1, math.log(0.9)), Sample("B", 2, math.log(0.1))], [0.0, 0.0], k=None)
+    backup(root, 0.0)
+    a.terminal_value = 0.0  # A's episode ended in failure
+    assert select_leaf(root) is a  # estimates tie at 0: the lower index
+    backup(a, 0.0)
+    assert a.exhausted and not root.exhausted
+    # sqrt(1) = 1: A 0 + 1.25*0.9/2 = 0.5625 would beat B 0 + 1.25*0.1/1 = 0.125, but A is exhausted
+    assert puct_scores(root) == pytest.approx([0.5625, 0.125])
+    assert select_leaf(root) is b
+    b1, = expand(b, [Sample("B1", 3, 0.0)], [0.5], k=None)
+    backup(b, 0.5)
+    assert select_leaf(root) is b1
+    b1.terminal_value = 1.0
+    backup(b1, 1.0)
+    # B's only child is exhausted, so B is, and with A the root: the tree has nothing left to search
+    assert b1.exhausted and b.exhausted and root.exhausted and select_leaf(root) is root
+    # root: N = 1 (itself) + A + B + B1 = 4, W = 0 + 0 + 0.5 + 1 = 1.5
+    assert (root.visits, root.value_sum, b.visits, b.value_sum) == (4, 1.5, 2, 1.5)
+    with pytest.raises(ValueError, match="unexhausted"):
+        select_child(root)
 
 
 def test_backup_reaches_every_ancestor():

@@ -85,7 +85,9 @@ def search_settings(c: Components) -> SearchSettings:
 
 
 def run_search(c: Components, critic: Critic, tasks: Sequence[Any], step: int) -> list[SearchResult]:
-    sampling = SamplingParams(temperature=c.config.mcts.temperature, top_p=c.config.rollout.top_p,
+    temperature = c.config.mcts.temperature
+    sampling = SamplingParams(temperature=c.config.rollout.temperature if temperature is None else temperature,
+                              top_p=c.config.rollout.top_p,
                               seed=c.config.run.seed * 7_919 + step + 3_571)
     search = TreeSearch(c.policy, c.codec, c.suite, CriticValues(critic, c.pad_token_id), sampling=sampling,
                         limits=c.limits, settings=search_settings(c))

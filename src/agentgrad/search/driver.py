@@ -113,7 +113,7 @@ class _Tree:
         return not ((settings.stop_on_success and self.solved) or self.simulations >= b.simulations
                     or (b.generated_tokens and self.generated_tokens >= b.generated_tokens)
                     or (b.tool_calls and self.tool_calls >= b.tool_calls)
-                    or self.root.terminal_value is not None)
+                    or self.root.terminal_value is not None or self.root.exhausted)
 
 
 @dataclass(frozen=True)
@@ -163,11 +163,7 @@ class TreeSearch:
         leaves = []
         for tree in trees:
             tree.simulations += 1
-            leaf = select_leaf(tree.root, self.settings.c_puct)
-            if leaf.terminal_value is not None:
-                backup(leaf, leaf.terminal_value)  # an outcome already known: nothing to restore or sample
-            else:
-                leaves.append(_Leaf(tree, leaf))
+            leaves.append(_Leaf(tree, select_leaf(tree.root, self.settings.c_puct)))
         self._restore(leaves)
         to_expand = []
         for leaf in leaves:

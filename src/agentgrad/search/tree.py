@@ -18,6 +18,10 @@ human knowledge", Methods) and AlphaZero (Silver et al. 2018):
   model's estimate of it (the number pruning ranked it by), not 0, since values here are success
   probabilities in [0, 1] and an unvisited child is not worth nothing.
 - Ties go to the lower child index (children are stored best estimate first), so selection is deterministic.
+- Exhausted children are never selected (the "proven" nodes of MCTS-Solver, Winands et al. 2008, reduced to
+  what a deterministic env gives): a terminal node, once its outcome is backed up, and an expanded node whose
+  children are all exhausted. Revisiting one would re-add a value already known and learn nothing; without
+  the rule an untrained value model (every estimate 0) lets a likely failed answer soak up every simulation.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ class Node:
     expanded: bool = False
     terminal_value: float | None = None
     candidates: int = 0
+    exhausted: bool = False  # nothing left to learn below: see the module docstring
 
     @property
     def q(self) -> float:
@@ -152,34 +157,45 @@ class Node:
 
 
 def puct_scores(node: Node, c_puct: float = DEFAULT_C_PUCT) -> list[float]:
-    """Q + U of each child of `node` (the formula in the module docstring)."""
+    """Q + U of each child of `node` (the formula in the module docstring); the sum of visits counts exhausted
+    children too (their visits are part of the parent's)."""
     sqrt_total = math.sqrt(sum(c.visits for c in node.children))
     return [c.q + c_puct * c.edge.prior * sqrt_total / (1 + c.visits) for c in node.children if c.edge is not None]
 
 
 def select_child(node: Node, c_puct: float = DEFAULT_C_PUCT) -> int:
-    """Index of the child PUCT picks; ties to the lower index."""
-    if not node.children:
-        raise ValueError("select_child on a node without children")
+    """Index of the child PUCT picks among the unexhausted ones; ties to the lower index."""
+    open_children = [i for i, c in enumerate(node.children) if not c.exhausted]
+    if not open_children:
+        raise ValueError("select_child on a node without unexhausted children")
     scores = puct_scores(node, c_puct)
-    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+    return max(open_children, key=lambda i: (scores[i], -i))
 
 
 def select_leaf(root: Node, c_puct: float = DEFAULT_C_PUCT) -> Node:
-    """Descend by PUCT from `root` to a node that is unexpanded, terminal, or has no children."""
+    """Descend by PUCT from `root` to a node that is unexpanded or terminal. An exhausted root is returned
+    as it is: the tree has nothing left to search."""
     node = root
-    while node.expanded and node.children and node.terminal_value is None:
+    while node.expanded and node.children and node.terminal_value is None and not node.exhausted:
         node = node.children[select_child(node, c_puct)]
     return node
 
 
 def backup(leaf: Node, value: float) -> None:
-    """Add one visit and `value` to every node from `leaf` up to the root (Q becomes the mean backed-up value)."""
+    """Add one visit and `value` to every node from `leaf` up to the root (Q becomes the mean backed-up value).
+    A terminal leaf becomes exhausted, and so does every ancestor whose children all are."""
     node: Node | None = leaf
     while node is not None:
         node.visits += 1
         node.value_sum += value
         node = node.parent
+    if leaf.terminal_value is None:
+        return
+    leaf.exhausted = True
+    parent = leaf.parent
+    while parent is not None and parent.expanded and all(c.exhausted for c in parent.children):
+        parent.exhausted = True
+        parent = parent.parent
 
 
 def expand(node: Node, candidates: Sequence[Sample], values: Sequence[float], k: int | None) -> list[Node]:
