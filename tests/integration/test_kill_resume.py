@@ -49,6 +49,15 @@ OFFLINE = [
     "rest.batch_size_episodes=4",
     "dpo.tasks_per_iteration=2", "dpo.samples_per_task=8", "dpo.epochs=1", "dpo.batch_size_pairs=4",
 ]
+# bc, then mcts on the same suite: the value model (a head on the policy's trunk) and its optimizer, the DPO
+# reference and the minibatch RNG are the stage's state; the search itself is seeded by the step.
+MCTS = [
+    *SHAPE, "env.name=resume_helpers:EvenAnswerArithmetic", "rollout.max_new_tokens_per_turn=200",
+    "schedule.stages=[{algo: bc, steps: 2}, {algo: mcts, steps: 3}]", "bc.stop_at_success=null",
+    "mcts.trees_per_iteration=2", "mcts.simulations=3", "mcts.samples_per_expansion=3", "mcts.top_k=2",
+    "mcts.stop_on_success=false", "mcts.value_fit_steps=2", "mcts.value_batch_size=4", "mcts.sft_steps=1",
+    "mcts.batch_size_episodes=4", "dpo.epochs=1", "dpo.batch_size_pairs=4",
+]
 # (kill point, step it fires at): rollout/update/store take the step number of the stage they are in (RL, ReST
 # and DPO count on from one stage to the next; BC counts its own), the checkpoint points the number of steps
 # done. A kill fires at the first point that matches, and each is followed by `agentgrad train --resume`.
@@ -58,6 +67,8 @@ SCENARIOS = {
     # last step's checkpoint (resumed: BC's end and the switch to ReST are still to do); ReST: between Grow and
     # Improve of its 2nd iteration (step 1); DPO: in the first update of its 2nd iteration (step 3).
     "bc-rest-dpo": (OFFLINE, ["update:4", "checkpoint_pointer:5", "after_checkpoint:6", "rollout:1", "update:3"]),
+    # mcts: after the search of its 2nd round (step 1), then of its 3rd
+    "bc-mcts": (MCTS, ["rollout:1", "rollout:2"]),
 }
 VOLATILE = ("time", "perf/")
 
