@@ -97,7 +97,7 @@ def main() -> None:
         t0 = time.perf_counter()
         results = run_search(c, critic, tasks, 10_000)
         widest = max(len(n.children) for r in results for n in iter_nodes(r.root))
-        row(f"search K={k or 'all'} (widest {widest})", sum(r.success for r in results), len(results),
+        row(f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest})", sum(r.success for r in results), len(results),
             sum(r.generated_tokens for r in results) / len(results),
             sum(r.tool_calls for r in results) / len(results), time.perf_counter() - t0)
     c.config = config

@@ -72,6 +72,8 @@ class MctsConfig(Section):
                        "(5 to 10 keeps trees small where dozens of calls are legal); 0: keep all.")
     samples_per_expansion: int = Field(8, gt=0, description="Candidate turns sampled per expanded node before "
                                        "de-duplication by (tool, normalised arguments).")
+    widenings: int = Field(2, ge=0, description="Times a node whose children all ended (every sampled turn "
+                           "tried) samples samples_per_expansion more and adds the top_k new ones (docs/search.md).")
     c_puct: float = Field(1.25, ge=0, description="PUCT exploration constant (AlphaZero's c_init).")
     temperature: float | None = Field(None, ge=0, description="Sampling temperature of candidate turns (None: "
                                       "rollout.temperature, the policy's own rollouts' temperature).")

@@ -22,6 +22,7 @@ from agentgrad.search.tree import (
     select_child,
     select_leaf,
     top_k,
+    widen,
 )
 from agentgrad.types import FinalAnswer, InvalidAction, ToolCall
 
@@ -174,3 +175,29 @@ def test_dedupe_sums_distinct_sequences_once():
     # x: 0.2 + 0.3 = 0.5, represented by its most probable sequence
     assert math.exp(merged[0].logprob) == pytest.approx(0.5) and merged[0].payload == "best"
     assert math.exp(merged[1].logprob) == pytest.approx(0.1)
+
+
+def test_widening_adds_new_keys_and_renormalises_priors():
+    root = Node()
+    a, = expand(root, [Sample("A", 1, math.log(0.6))], [0.2], k=2, widenings=1)
+    backup(root, 0.2)
+    a.terminal_value = 0.0
+    backup(a, 0.0)
+    # A ended and the root may widen once: it is not exhausted, and it is the leaf to widen
+    assert not root.exhausted and select_leaf(root) is root
+    fresh = [Sample("A", 9, math.log(0.6)), Sample("B", 2, math.log(0.2)), Sample("C", 3, math.log(0.2)),
+             Sample("D", 4, math.log(0.4))]
+    added = widen(root, fresh, [0.9, 0.1, 0.5, 0.3], k=2)
+    # "A" is known; of B (0.1), C (0.5), D (0.3) the top-2 by value are C, D
+    assert [n.edge.key for n in added] == ["C", "D"] and root.widenings_left == 0 and root.candidates == 4
+    # priors over all children: 0.6, 0.2, 0.4 -> 0.5, 1/6, 1/3
+    assert [n.edge.prior for n in root.children] == pytest.approx([0.5, 1 / 6, 1 / 3])
+    # A is exhausted; sum N = 1: C 0.5 + 1.25 * (1/6) * 1 / 1 = 0.7083, D 0.3 + 1.25 * (1/3) = 0.7167 -> D
+    assert puct_scores(root)[1:] == pytest.approx([0.5 + 1.25 / 6, 0.3 + 1.25 / 3])
+    assert select_leaf(root) is added[1]
+    for child in added:
+        child.terminal_value = 0.0
+        backup(child, 0.0)
+    assert root.exhausted  # all children ended and no widening left
+    with pytest.raises(ValueError, match="widenings left"):
+        widen(root, fresh, [0.0] * 4, k=2)

@@ -49,6 +49,7 @@ from agentgrad.search.tree import (
     expanded_per_depth,
     iter_nodes,
     select_leaf,
+    widen,
 )
 from agentgrad.types import StopReason, Task, ToolCall, Trajectory
 
@@ -72,13 +73,15 @@ class SearchSettings:
     samples_per_expansion: int = 8  # candidate turns sampled per expanded node (before de-duplication)
     c_puct: float = DEFAULT_C_PUCT
     rollout_mix: float = 0.0  # leaf value = (1 - mix) * V(leaf) + mix * (outcome of a policy rollout from it)
+    widenings: int = 0  # times a node whose children all ended may sample more candidates (search/tree.py)
     stop_on_success: bool = True  # a tree stops once it reached a successful episode (the search solved it)
     budget: SearchBudget = SearchBudget()
     tool_workers: int = 8  # threads stepping envs (restoring nodes, rollouts) across trees
     tool_name_mask: MaskMode = "auto"
 
     def __post_init__(self) -> None:
-        if self.samples_per_expansion < 1 or not (0.0 <= self.rollout_mix <= 1.0) or self.c_puct < 0:
+        if (self.samples_per_expansion < 1 or not (0.0 <= self.rollout_mix <= 1.0) or self.c_puct < 0
+                or self.widenings < 0):
             raise ValueError(f"invalid search settings: {self}")
 
 
@@ -220,7 +223,10 @@ class TreeSearch:
         values = self.value_fn(queries)
         state_values, offset = values[:len(leaves)], len(leaves)
         for leaf, cs in zip(leaves, candidates):
-            expand(leaf.node, cs, values[offset:offset + len(cs)], self.settings.top_k)
+            if leaf.node.expanded:  # all its children ended: widen it with the fresh candidates
+                widen(leaf.node, cs, values[offset:offset + len(cs)], self.settings.top_k)
+            else:
+                expand(leaf.node, cs, values[offset:offset + len(cs)], self.settings.top_k, self.settings.widenings)
             offset += len(cs)
         mix = self.settings.rollout_mix
         outcomes = self._rollouts(leaves) if mix > 0 else [0.0] * len(leaves)

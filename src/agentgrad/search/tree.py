@@ -20,12 +20,18 @@ human knowledge", Methods) and AlphaZero (Silver et al. 2018):
 - Ties go to the lower child index (children are stored best estimate first), so selection is deterministic.
 - Exhausted children are never selected (the "proven" nodes of MCTS-Solver, Winands et al. 2008, reduced to
   what a deterministic env gives): a terminal node, once its outcome is backed up, and an expanded node whose
-  children are all exhausted. Revisiting one would re-add a value already known and learn nothing; without
-  the rule an untrained value model (every estimate 0) lets a likely failed answer soak up every simulation.
+  children are all exhausted and that may not widen again. Revisiting one would re-add a value already known
+  and learn nothing; without the rule an untrained value model (every estimate 0) lets a likely failed answer
+  soak up every simulation.
+- Widening: children are *sampled* candidates, not every legal action, so a node whose children are all
+  exhausted may still hold an unsampled good turn. Such a node is selected as a leaf again and widened
+  (`widen`: more candidates sampled, new action keys only, top-K of them added) up to `widenings_left` times
+  (a bounded form of progressive widening, Coulom 2007; Couëtoux et al. 2011).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Hashable, Sequence
@@ -136,6 +142,7 @@ class Node:
     terminal_value: float | None = None
     candidates: int = 0
     exhausted: bool = False  # nothing left to learn below: see the module docstring
+    widenings_left: int = 0  # times it may still be widened once its children are all exhausted
 
     @property
     def q(self) -> float:
@@ -173,12 +180,17 @@ def select_child(node: Node, c_puct: float = DEFAULT_C_PUCT) -> int:
 
 
 def select_leaf(root: Node, c_puct: float = DEFAULT_C_PUCT) -> Node:
-    """Descend by PUCT from `root` to a node that is unexpanded or terminal. An exhausted root is returned
-    as it is: the tree has nothing left to search."""
+    """Descend by PUCT from `root` to a node that is unexpanded, terminal, or to be widened (expanded, its
+    children all exhausted). An exhausted root is returned as it is: the tree has nothing left to search."""
     node = root
-    while node.expanded and node.children and node.terminal_value is None and not node.exhausted:
+    while node.expanded and node.terminal_value is None and not node.exhausted and not needs_widening(node):
         node = node.children[select_child(node, c_puct)]
     return node
+
+
+def needs_widening(node: Node) -> bool:
+    """An expanded node whose children are all exhausted but that may still sample more."""
+    return node.expanded and node.widenings_left > 0 and all(c.exhausted for c in node.children)
 
 
 def backup(leaf: Node, value: float) -> None:
@@ -189,18 +201,25 @@ def backup(leaf: Node, value: float) -> None:
         node.visits += 1
         node.value_sum += value
         node = node.parent
-    if leaf.terminal_value is None:
-        return
-    leaf.exhausted = True
-    parent = leaf.parent
-    while parent is not None and parent.expanded and all(c.exhausted for c in parent.children):
+    if leaf.terminal_value is not None:
+        _exhaust(leaf)
+
+
+def _exhaust(node: Node) -> None:
+    """Mark `node` exhausted, then every ancestor whose children all are and that may not widen."""
+    node.exhausted = True
+    parent = node.parent
+    while (parent is not None and parent.expanded and parent.widenings_left == 0
+           and all(c.exhausted for c in parent.children)):
         parent.exhausted = True
         parent = parent.parent
 
 
-def expand(node: Node, candidates: Sequence[Sample], values: Sequence[float], k: int | None) -> list[Node]:
+def expand(node: Node, candidates: Sequence[Sample], values: Sequence[float], k: int | None,
+           widenings: int = 0) -> list[Node]:
     """Attach the top-`k` of `candidates` (already de-duplicated) by value estimate as children of `node`,
-    best first, with priors renormalised over the kept ones. Returns the new children."""
+    best first, with priors renormalised over the kept ones; the node may be widened `widenings` times later.
+    Returns the new children."""
     if node.expanded:
         raise ValueError("node is already expanded")
     if len(candidates) != len(values):
@@ -211,8 +230,32 @@ def expand(node: Node, candidates: Sequence[Sample], values: Sequence[float], k:
     priors = normalised_priors([candidates[i].logprob for i in kept])
     node.children = [Node(edge=Edge(candidates[i].key, p, float(values[i]), candidates[i]), parent=node,
                           depth=node.depth + 1) for i, p in zip(kept, priors)]
-    node.expanded, node.candidates = True, len(candidates)
+    node.expanded, node.candidates, node.widenings_left = True, len(candidates), widenings
     return node.children
+
+
+def widen(node: Node, candidates: Sequence[Sample], values: Sequence[float], k: int | None) -> list[Node]:
+    """Add the top-`k` by value of the `candidates` (de-duplicated) whose action keys are not children yet to an
+    expanded node, using one of its `widenings_left`; every child's prior is renormalised over all of them.
+    Returns the new children (none when every key was already there: the node may then become exhausted)."""
+    if not node.expanded or node.widenings_left < 1:
+        raise ValueError("widen needs an expanded node with widenings left")
+    if len(candidates) != len(values):
+        raise ValueError(f"{len(candidates)} candidates for {len(values)} value estimates")
+    known = {c.edge.key for c in node.children if c.edge is not None}
+    fresh = [i for i, c in enumerate(candidates) if c.key not in known]
+    kept = [fresh[j] for j in top_k([values[i] for i in fresh], k)]
+    added = [Node(edge=Edge(candidates[i].key, 0.0, float(values[i]), candidates[i]), parent=node,
+                  depth=node.depth + 1) for i in kept]
+    node.children += added
+    node.widenings_left -= 1
+    node.candidates += len(fresh)
+    priors = normalised_priors([c.edge.sample.logprob for c in node.children if c.edge is not None])
+    for child, prior in zip(node.children, priors):
+        child.edge = dataclasses.replace(child.edge, prior=prior)
+    if not added and node.widenings_left == 0:
+        _exhaust(node)  # nothing new and no widening left
+    return added
 
 
 def iter_nodes(root: Node) -> list[Node]:
