@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, nargs="+", default=[5, 0])
     p.add_argument("--n", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="a config override (repeatable)")
     args = p.parse_args()
     base = [*SUITES[args.suite], f"run.seed={args.seed}", "run.progress=false", *args.overrides]
     checkpoint = args.checkpoint
@@ -97,7 +97,8 @@ def main() -> None:
         t0 = time.perf_counter()
         results = run_search(c, critic, tasks, 10_000)
         widest = max(len(n.children) for r in results for n in iter_nodes(r.root))
-        row(f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest})", sum(r.success for r in results), len(results),
+        name = f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest})"
+        row(name, sum(r.success for r in results), len(results),
             sum(r.generated_tokens for r in results) / len(results),
             sum(r.tool_calls for r in results) / len(results), time.perf_counter() - t0)
     c.config = config

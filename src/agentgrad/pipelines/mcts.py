@@ -78,7 +78,8 @@ def start_mcts(c: Components, logger: RunLogger, first_step: int, saved: Mapping
 def search_settings(c: Components) -> SearchSettings:
     cfg = c.config.mcts
     return SearchSettings(top_k=cfg.top_k or None, samples_per_expansion=cfg.samples_per_expansion,
-                          c_puct=cfg.c_puct, widenings=cfg.widenings, rollout_mix=cfg.rollout_mix, stop_on_success=cfg.stop_on_success,
+                          c_puct=cfg.c_puct, widenings=cfg.widenings, rollout_mix=cfg.rollout_mix,
+                          stop_on_success=cfg.stop_on_success,
                           budget=SearchBudget(cfg.simulations, cfg.max_generated_tokens, cfg.max_tool_calls),
                           tool_workers=c.config.rollout.tool_workers or 8,
                           tool_name_mask=c.config.rollout.tool_name_mask)
