@@ -26,7 +26,7 @@ def test_paths_and_sibling_pairs_by_hand():
     wins, fail_a2, fail_b = trajectory("win"), trajectory("a2"), trajectory("b")
     episodes = (SearchEpisode(wins, True, a1), SearchEpisode(fail_a2, False, a2), SearchEpisode(fail_b, False, b),
                 SearchEpisode(trajectory("rollout"), True, a1, by_rollout=True))
-    result = SearchResult(TASK, root, True, episodes, 5, 0, 0, 0, ())
+    result = SearchResult(TASK, root, True, episodes, 5, 0, 0, 0)
     # root: A reached a success, B only a failure, C nothing -> (win, b); at A: A1 won, A2 failed -> (win, a2)
     assert sibling_pairs(result) == [(wins, fail_b), (wins, fail_a2)]
     # BC: the search's own successful terminal episode, once (the rollout from A1 is not a searched path)

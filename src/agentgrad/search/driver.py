@@ -9,6 +9,9 @@ action mask (the rollout's tool-name masker), in one decode session shared by ev
 at a time); they are de-duplicated by (tool, normalised arguments), valued by the value model (its estimate
 after the candidate turn), and only the top-K are kept. The leaf's own value is the value model's estimate of
 its state, optionally mixed with the outcome of one policy rollout from it (`rollout_mix`), and is backed up.
+A node whose children have all ended is selected again to be widened (`widenings`): more candidates sampled
+at it, the new action keys among them added (top-K). A tree stops at its budget, once solved
+(`stop_on_success`), or when nothing is left to search (its root is exhausted: `search/tree.py`).
 
 Budgets per tree, all counted: simulations, generated tokens (every candidate sampled, kept or pruned, and
 every rollout turn) and tool calls (every env step with a tool call, the replays that restore nodes included,
@@ -105,7 +108,6 @@ class _Tree:
     tool_calls: int = 0
     new_tool_calls: int = 0
     episodes: list[SearchEpisode] = field(default_factory=list)
-    value_records: list[tuple[float, Node]] = field(default_factory=list)  # (V estimate of a leaf, the leaf)
 
     @property
     def solved(self) -> bool:
@@ -131,7 +133,6 @@ class SearchResult:
     generated_tokens: int
     tool_calls: int
     new_tool_calls: int
-    leaf_values: tuple[tuple[float, Node], ...] = field(repr=False)  # each expanded leaf's V estimate
 
 
 @dataclass
@@ -159,7 +160,7 @@ class TreeSearch:
             while live := [t for t in trees if t.live(self.settings)]:
                 self._round(live)
         return [SearchResult(t.task, t.root, t.solved, tuple(t.episodes), t.simulations, t.generated_tokens,
-                             t.tool_calls, t.new_tool_calls, tuple(t.value_records)) for t in trees]
+                             t.tool_calls, t.new_tool_calls) for t in trees]
 
     def _round(self, trees: list[_Tree]) -> None:
         """One simulation in every tree: select, restore, evaluate or expand, back up."""
@@ -231,7 +232,6 @@ class TreeSearch:
         mix = self.settings.rollout_mix
         outcomes = self._rollouts(leaves) if mix > 0 else [0.0] * len(leaves)
         for leaf, v, z in zip(leaves, state_values, outcomes):
-            leaf.tree.value_records.append((float(v), leaf.node))
             backup(leaf.node, (1 - mix) * float(v) + mix * z)
             close_env(leaf.episode.env)
 
