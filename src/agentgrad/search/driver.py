@@ -76,7 +76,7 @@ class SearchSettings:
     samples_per_expansion: int = 8  # candidate turns sampled per expanded node (before de-duplication)
     c_puct: float = DEFAULT_C_PUCT
     rollout_mix: float = 0.0  # leaf value = (1 - mix) * V(leaf) + mix * (outcome of a policy rollout from it)
-    widenings: int = 0  # times a node whose children all ended may sample more candidates (search/tree.py)
+    widenings: int = 2  # times a node whose children all ended may sample more candidates (search/tree.py)
     stop_on_success: bool = True  # a tree stops once it reached a successful episode (the search solved it)
     budget: SearchBudget = SearchBudget()
     tool_workers: int = 8  # threads stepping envs (restoring nodes, rollouts) across trees
