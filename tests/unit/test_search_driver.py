@@ -186,3 +186,23 @@ def test_rollout_mix_backs_up_a_rollout_outcome(arithmetic_suite, codec):
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="invalid search settings"):
         SearchSettings(rollout_mix=1.5)
+
+
+def test_widening_samples_again_where_every_child_ended(arithmetic_suite, codec):
+    # One sample per expansion, K = 1: without widening a tree tries one first turn and one answer, so it
+    # succeeds with p = 0.3 * 0.3 = 0.09; with 4 widenings a node whose child ended samples again (up to 4 times).
+    tasks = arithmetic_suite.sample_tasks(12, split="train", seed=4)
+    outcomes = {}
+    for widenings in (0, 4):
+        policy, search = searcher(codec, arithmetic_suite, top_k=1, samples_per_expansion=1, widenings=widenings,
+                                  budget=SearchBudget(simulations=20))
+        results = search.run(tasks)
+        outcomes[widenings] = results
+        # one sampled turn per expansion or widening, each adding at most top_k = 1 child
+        assert all(len(n.children) <= 1 + widenings for r in results for n in iter_nodes(r.root))
+        assert sum(r.generated_tokens for r in results) == policy.tokens
+    # without widening a tree whose one root child fails has nothing left: its root is exhausted
+    assert all(r.success or r.root.exhausted for r in outcomes[0])
+    assert any(len(r.root.children) > 1 for r in outcomes[4])  # some root was widened
+    # measured 2/12 vs 9/12 (expected ~1/12 without widening)
+    assert sum(r.success for r in outcomes[4]) >= sum(r.success for r in outcomes[0]) + 4
