@@ -174,9 +174,10 @@ class TreeSearch:
             ep = leaf.episode
             assert ep is not None
             if ep.done:
-                success = episode_success(self.suite, finish_episode(ep))
+                trajectory = finish_episode(ep)
+                success = episode_success(self.suite, trajectory)
                 leaf.node.terminal_value = float(success)
-                leaf.tree.episodes.append(SearchEpisode(finish_episode(ep), success, leaf.node))
+                leaf.tree.episodes.append(SearchEpisode(trajectory, success, leaf.node))
                 backup(leaf.node, leaf.node.terminal_value)
                 close_env(ep.env)
             else:
