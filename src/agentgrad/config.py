@@ -24,6 +24,7 @@ from agentgrad.config_sections import (
     EvalConfig,
     FaultsConfig,
     McpServerConfig,
+    MctsConfig,
     MismatchConfig,
     ReplayConfig,
     Section,
@@ -188,16 +189,16 @@ class BCConfig(Section):
                                   "expert's tool per call) added to the token loss; rollout.action_head=factored only.")
 
 
-ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "rest", "dpo", "bc")
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "rest", "dpo", "mcts", "bc")
 """Stage algorithms `algo.name` and `schedule.stages[].algo` accept; `pipelines.schedule.STAGES` implements them."""
 
-AlgoName = Literal["grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "rest", "dpo", "bc"]
+AlgoName = Literal["grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "rest", "dpo", "mcts", "bc"]
 
 
 class AlgoConfig(Section):
     name: AlgoName = Field("grpo", description="Algorithm of the stage after BC: online RL (grpo, rloo, "
                                                "reinforce_pp, ppo; adaptive: grpo <-> ppo, see adaptive.*), "
-                                               "rest, dpo, or bc (BC only). Ignored when "
+                                               "rest, dpo, mcts, or bc (BC only). Ignored when "
                                                "schedule.stages is set.")
     steps: int = Field(110, ge=0, description="RL steps (one rollout batch, then epochs_per_step passes over it).")
     tasks_per_step: int = Field(16, gt=0, description="Distinct tasks per RL step.")
@@ -359,6 +360,7 @@ class Config(Section):
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     rest: RestConfig = Field(default_factory=RestConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
+    mcts: MctsConfig = Field(default_factory=MctsConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)

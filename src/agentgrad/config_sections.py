@@ -1,6 +1,6 @@
 """Config sections that live apart from config.py (to keep it readable): the base every section shares, the tiny
-model's shape, an MCP server entry, the adaptive stage, the mismatch monitor, replay, faults and evaluation.
-`agentgrad.config` re-exports them; import from there."""
+model's shape, an MCP server entry, the adaptive and mcts stages, the mismatch monitor, replay, faults and
+evaluation. `agentgrad.config` re-exports them; import from there."""
 
 from __future__ import annotations
 
@@ -154,3 +154,40 @@ class EvalConfig(Section):
     num_tasks: int = Field(200, gt=0, description="Held-out tasks for evaluation.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature at evaluation (0: greedy).")
     batch_size: int = Field(100, gt=0, description="Episodes evaluated together.")
+
+
+class MctsConfig(Section):
+    """Stage `mcts` (docs/search.md): tree search over tool calls, distilled into the policy by BC and DPO."""
+
+    iterations: int = Field(5, ge=0, description="Search/distil rounds.")
+    trees_per_iteration: int = Field(16, gt=0, description="Tasks searched per round, one tree each, all at once "
+                                     "(their candidate sampling shares one decode batch).")
+    simulations: int = Field(16, gt=0, description="Simulations per tree (each selects one leaf by PUCT, restores "
+                             "it by replay, and evaluates or expands it).")
+    max_generated_tokens: int = Field(0, ge=0, description="Per-tree budget of generated tokens (every candidate "
+                                      "sampled, pruned or not, and rollout turns); 0: none.")
+    max_tool_calls: int = Field(0, ge=0, description="Per-tree budget of tool calls (replays that restore nodes "
+                                "included); 0: none.")
+    top_k: int = Field(5, ge=0, description="Children kept per expansion, ranked by the value model's estimate "
+                       "(5 to 10 keeps trees small where dozens of calls are legal); 0: keep all.")
+    samples_per_expansion: int = Field(8, gt=0, description="Candidate turns sampled per expanded node before "
+                                       "de-duplication by (tool, normalised arguments).")
+    widenings: int = Field(2, ge=0, description="Times a node whose children all ended (every sampled turn "
+                           "tried) samples samples_per_expansion more and adds the top_k new ones (docs/search.md).")
+    c_puct: float = Field(1.25, ge=0, description="PUCT exploration constant (AlphaZero's c_init).")
+    temperature: float | None = Field(None, ge=0, description="Sampling temperature of candidate turns (None: "
+                                      "rollout.temperature, the policy's own rollouts' temperature).")
+    rollout_mix: float = Field(0.0, ge=0, le=1, description="Leaf value = (1 - mix) * V(leaf) + mix * the outcome "
+                               "of one policy rollout from the leaf.")
+    stop_on_success: bool = Field(True, description="A tree stops once it reached a successful episode.")
+    baseline_samples: int = Field(1, ge=1, description="Policy-alone rollouts per searched task each round (the "
+                                  "'policy alone' success, and Monte-Carlo returns for the value model).")
+    value_fit_steps: int = Field(30, ge=0, description="Value-model steps on each round's finished episodes "
+                                 "(config critic.model: head or separate; critic.lr).")
+    value_batch_size: int = Field(16, gt=0, description="Episodes per value-model step.")
+    distill: Literal["bc", "dpo", "both"] = Field("both", description="Train on successful root-to-leaf paths "
+                                                  "(bc), on sibling pairs (dpo: same parent, one child led to "
+                                                  "success, one to failure; dpo.* settings), or both.")
+    sft_steps: int = Field(8, ge=0, description="BC steps per round on the successful paths.")
+    batch_size_episodes: int = Field(16, gt=0, description="Episodes per BC step.")
+    lr: float = Field(3e-4, gt=0, description="Learning rate of the BC steps (the DPO steps use dpo.lr).")

@@ -59,6 +59,15 @@ ADAPTIVE = [
     "algo.group_size=4", "algo.epochs_per_step=2", "algo.minibatch_size_episodes=4", "adaptive.window_steps=1",
     "adaptive.up_at=0.2", "adaptive.down_at=0.1", "adaptive.max_zero_signal=1.0", "adaptive.min_critic_ev=null",
 ]
+# bc, then mcts on the same suite: the value model (a head on the policy's trunk) and its optimizer, the DPO
+# reference and the minibatch RNG are the stage's state; the search itself is seeded by the step.
+MCTS = [
+    *SHAPE, "env.name=resume_helpers:EvenAnswerArithmetic", "rollout.max_new_tokens_per_turn=200",
+    "schedule.stages=[{algo: bc, steps: 2}, {algo: mcts, steps: 3}]", "bc.stop_at_success=null",
+    "mcts.trees_per_iteration=2", "mcts.simulations=3", "mcts.samples_per_expansion=3", "mcts.top_k=2",
+    "mcts.stop_on_success=false", "mcts.value_fit_steps=2", "mcts.value_batch_size=4", "mcts.sft_steps=1",
+    "mcts.batch_size_episodes=4", "dpo.epochs=1", "dpo.batch_size_pairs=4",
+]
 # (kill point, step it fires at): rollout/update/store take the step number of the stage they are in (RL, ReST
 # and DPO count on from one stage to the next; BC counts its own), the checkpoint points the number of steps
 # done. A kill fires at the first point that matches, and each is followed by `agentgrad train --resume`.
@@ -71,6 +80,8 @@ SCENARIOS = {
     # BC's steps (3) first; then adaptive: in the rollout of its first ppo step (step 3), in the checkpoint written
     # after the switch back (5 steps done), in the update of the grpo step after it (step 5).
     "adaptive": (ADAPTIVE, ["rollout:3", "checkpoint:5", "update:5"]),
+    # mcts: after the search of its 2nd round (step 1), then of its 3rd
+    "bc-mcts": (MCTS, ["rollout:1", "rollout:2"]),
 }
 VOLATILE = ("time", "perf/")
 

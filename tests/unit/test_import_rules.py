@@ -111,3 +111,10 @@ def test_models_do_not_import_backends():
     bad = sorted(m for m in MODULES if under(m, "agentgrad.models")
                  and any(under(d, "agentgrad.backends") for d in ours(m)))
     assert bad == [], f"{bad} import agentgrad.backends"
+
+
+def test_the_search_tree_stays_pure():
+    # The tree math of search is read and tested alone: no torch, and of ours only the records.
+    module = "agentgrad.search.tree"
+    assert "torch" not in imports_of(module)
+    assert reaches(module) <= {"agentgrad.types"} | LEAVES, sorted(reaches(module))

@@ -23,6 +23,7 @@ from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, CRITIC_EV, HIGH_ALGO, S
 from agentgrad.pipelines.bc import BC_STAGE
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.dpo import DPO_STAGE
+from agentgrad.pipelines.mcts import MCTS_STAGE
 from agentgrad.pipelines.rest import REST_STAGE
 from agentgrad.pipelines.rl import ONLINE_ALGORITHMS, ONLINE_STAGE
 from agentgrad.pipelines.run_state import (
@@ -44,6 +45,7 @@ STAGES.add("adaptive", ADAPTIVE_STAGE)
 STAGES.add("bc", BC_STAGE)
 STAGES.add("rest", REST_STAGE)
 STAGES.add("dpo", DPO_STAGE)
+STAGES.add("mcts", MCTS_STAGE)
 
 
 def should_switch(window: Sequence[float], threshold: float, window_steps: int) -> bool:
@@ -103,7 +105,8 @@ def stages_of(config: Config) -> tuple[StageConfig, ...]:
     if config.schedule.stages:
         return tuple(config.schedule.stages)
     stages = [StageConfig(algo="bc", steps=config.bc.steps)]
-    steps = {"rest": config.rest.iterations, "dpo": config.dpo.iterations}.get(config.algo.name, config.algo.steps)
+    steps = {"rest": config.rest.iterations, "dpo": config.dpo.iterations,
+             "mcts": config.mcts.iterations}.get(config.algo.name, config.algo.steps)
     if config.algo.name != "bc":
         stages.append(StageConfig(algo=config.algo.name, steps=steps))
     return tuple(stages)
@@ -119,6 +122,8 @@ def stage_config(config: Config, stage: StageConfig) -> Config:
         tree["rest"]["iterations"] = stage.steps
     elif stage.algo == "dpo":
         tree["dpo"]["iterations"] = stage.steps
+    elif stage.algo == "mcts":
+        tree["mcts"]["iterations"] = stage.steps
     else:
         tree["algo"]["steps"] = stage.steps
     return Config.model_validate(tree)

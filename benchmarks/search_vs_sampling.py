@@ -1,0 +1,116 @@
+"""Tree search vs best-of-N sampling from the same BC'd policy, at counted budgets (docs/search.md).
+
+1. A BC'd policy: `--checkpoint DIR`, or BC is run first (`--bc-out DIR`, the run's own stop rule).
+2. The value model (config critic.model) is fitted on Monte-Carlo returns of policy rollouts on train tasks
+   (`--value-tasks` x 4 samples); this is amortised across tasks and not counted in any per-task budget.
+3. On `--tasks` held-out tasks: search at each `--top-k` (0 = keep all), and best-of-N for N in `--n`; each row
+   prints success (the search or any of the N samples reached a verified success) and the mean per-task cost in
+   generated tokens and tool calls (the search's replays that restore nodes included).
+
+    python benchmarks/search_vs_sampling.py --bc-out /tmp/bc --suite arithmetic-products
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from agentgrad.config import build_config
+from agentgrad.models.value import build_critic
+from agentgrad.pipelines.components import build_components
+from agentgrad.pipelines.mcts import examples_of, run_search
+from agentgrad.pipelines.rl import rl_tasks, rollout_groups
+from agentgrad.pipelines.train import train
+from agentgrad.search.tree import iter_nodes
+from agentgrad.search.value import CriticValues, calibration_metrics, fit_values
+from agentgrad.types import ToolCall
+
+SUITES = {
+    # test_train_tiny.FAST's products: a 4-digit product must be copied from the calculator (2 turns).
+    "arithmetic-products": [
+        "env.options={min_operands: 2, max_operands: 2, min_digits: 2, max_digits: 2, operators: '*', "
+        "result_digits: 4}", "model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=4",
+        "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=192", "model.tiny.tokenizer_corpus_episodes=100",
+        "bc.steps=400", "bc.eval_tasks=48", "bc.num_demos=500", "bc.lr=3e-3", "bc.lr_scale_near_target=1.0",
+        "bc.stop_at_success=0.3"],
+    # login, a lookup, a weather lookup and the answer: 4 turns among 228 APIs.
+    # BC as docs/action-space.md trains it (1,500 steps of 16 episodes, lr 3e-3, 1,000 demos), stopped at 30%.
+    "api-catalog": ["env.name=api-catalog", "bc.steps=1500", "bc.lr=3e-3", "bc.num_demos=1000", "bc.eval_tasks=48",
+                    "bc.stop_at_success=0.3"],
+}
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 0.0
+    z, p = 1.96, k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def row(name: str, wins: int, n: int, tokens: float, calls: float, seconds: float) -> None:
+    lo, hi = wilson(wins, n)
+    print(f"| {name} | {wins}/{n} = {wins / n:.0%} [{lo:.0%}, {hi:.0%}] | {tokens:.0f} | {calls:.1f} | "
+          f"{seconds:.0f} s |", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--suite", choices=sorted(SUITES), default="arithmetic-products")
+    p.add_argument("--checkpoint", type=Path)
+    p.add_argument("--bc-out", type=Path)
+    p.add_argument("--tasks", type=int, default=48)
+    p.add_argument("--value-tasks", type=int, default=32)
+    p.add_argument("--top-k", type=int, nargs="+", default=[5, 0])
+    p.add_argument("--n", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="a config override (repeatable)")
+    args = p.parse_args()
+    base = [*SUITES[args.suite], f"run.seed={args.seed}", "run.progress=false", *args.overrides]
+    checkpoint = args.checkpoint
+    if checkpoint is None:
+        if args.bc_out is None:
+            sys.exit("error: give --checkpoint DIR or --bc-out DIR")
+        summary = train(build_config(overrides=[*base, "algo=bc", f"run.output_dir={args.bc_out}", "run.name=bc"]))
+        print(f"BC: held-out {summary['final_success_rate']:.1%}", flush=True)
+        checkpoint = args.bc_out / "bc" / "checkpoints" / "bc"
+    config = build_config(overrides=[*base, "bc.steps=0", f"model.path={checkpoint}"])
+    c = build_components(config, Path("/tmp") / f"search-bench-{args.seed}")
+    critic = build_critic(c.loaded.model, config.critic.model, lr=config.critic.lr)
+    groups = rollout_groups(c, rl_tasks(c, 0, n=args.value_tasks), 0, group_size=4)
+    examples = examples_of([(s.trajectory, s.success) for g in groups for s in g.samples])
+    fitted = fit_values(critic, examples, c.pad_token_id, steps=config.mcts.value_fit_steps * 2,
+                        batch_size=config.mcts.value_batch_size, seed=args.seed)
+    ece = calibration_metrics(CriticValues(critic, c.pad_token_id).predict(examples)).get("value/ece", float("nan"))
+    print(f"value model: {len(examples)} episodes, loss {fitted['value/loss_first']:.3f} -> "
+          f"{fitted['value/loss_last']:.3f}, in-sample ECE {ece:.3f}", flush=True)
+    tasks = c.suite.sample_tasks(args.tasks, split="heldout", seed=args.seed)
+    print(f"\n{args.suite}, {len(tasks)} held-out tasks, seed {args.seed}, mcts: "
+          f"{config.mcts.simulations} simulations, {config.mcts.samples_per_expansion} samples per expansion\n")
+    print("| method | success [95% CI] | tokens / task | tool calls / task | wall |\n|---|---|---|---|---|")
+    for k in args.top_k:
+        c.config = config.model_copy(update={"mcts": config.mcts.model_copy(update={"top_k": k})})
+        t0 = time.perf_counter()
+        results = run_search(c, critic, tasks, 10_000)
+        widest = max(len(n.children) for r in results for n in iter_nodes(r.root))
+        name = f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest})"
+        row(name, sum(r.success for r in results), len(results),
+            sum(r.generated_tokens for r in results) / len(results),
+            sum(r.tool_calls for r in results) / len(results), time.perf_counter() - t0)
+    c.config = config
+    for n in args.n:
+        t0 = time.perf_counter()
+        groups = rollout_groups(c, tasks, 20_000, group_size=n)
+        samples = [s for g in groups for s in g.samples]
+        calls = sum(isinstance(t.action, ToolCall) for s in samples for t in s.trajectory.turns)
+        row(f"best-of-{n}", sum(any(s.success for s in g.samples) for g in groups), len(groups),
+            sum(s.trajectory.num_generated_tokens for s in samples) / len(groups), calls / len(groups),
+            time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    main()
