@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,10 +28,11 @@ from agentgrad.data.filters import above_threshold, per_task_cap, rest_threshold
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
+from agentgrad.pipelines.bc import bc_demos
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.rl import rl_tasks, rollout_groups, rollout_metrics
 from agentgrad.pipelines.run_state import Stage
-from agentgrad.types import ScoredTrajectory, TrajectoryGroup
+from agentgrad.types import ScoredTrajectory, Trajectory, TrajectoryGroup
 
 
 def grow(c: Components, step: int) -> list[TrajectoryGroup]:
@@ -41,9 +42,10 @@ def grow(c: Components, step: int) -> list[TrajectoryGroup]:
 
 
 def improve(c: Components, kept: Sequence[ScoredTrajectory], rng: random.Random, step: int = 0,
-            start: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
-    """`sft_steps` SFT steps on minibatches drawn from the kept trajectories; from the `start` weights with a
-    fresh optimizer state when given (ReST-EM), else from the current ones."""
+            start: Mapping[str, torch.Tensor] | None = None, demos: Sequence[Trajectory] = ()) -> dict[str, float]:
+    """`sft_steps` SFT steps on minibatches drawn from the kept trajectories (and `rest.demo_fraction` of each
+    from `demos`); from the `start` weights with a fresh optimizer state when given (ReST-EM), else from the
+    current ones."""
     cfg = c.config.rest
     if start is not None:
         restore_start(c, start)
@@ -52,7 +54,10 @@ def improve(c: Components, kept: Sequence[ScoredTrajectory], rng: random.Random,
     c.learner.set_lr(cfg.lr)
     losses = []
     for _ in range(cfg.sft_steps):
-        batch = collate(rng.sample(list(kept), min(cfg.batch_size_episodes, len(kept))), pad_token_id=c.pad_token_id)
+        n_demos = round(cfg.demo_fraction * cfg.batch_size_episodes) if demos else 0
+        picked = [*rng.sample(list(kept), min(cfg.batch_size_episodes - n_demos, len(kept))),
+                  *rng.sample(list(demos), min(n_demos, len(demos)))]
+        batch = collate(picked, pad_token_id=c.pad_token_id)
         loss = sft_loss(c.learner.logprobs(batch), batch.loss_mask)
         c.learner.step(loss)
         kill_point("update", step)
@@ -85,6 +90,8 @@ class RestState:
     """Draws the Improve minibatches."""
     start: dict[str, torch.Tensor] | None = None
     """The weights the stage began with, which every Improve step re-fits (improve_from=start); None otherwise."""
+    demos: list[Trajectory] = field(default_factory=list)
+    """BC's demonstrations, mixed into Improve's minibatches (rest.demo_fraction > 0; rebuilt, not saved)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "start": self.start}
@@ -96,7 +103,8 @@ class RestState:
 
 def start_rest(c: Components, logger: RunLogger, first_step: int, saved: Mapping[str, Any] | None) -> RestState:
     start = trainable_state(c) if c.config.rest.improve_from == "start" and saved is None else None
-    state = RestState(first_step, random.Random(c.config.run.seed + first_step), start)
+    demos = bc_demos(c, logger, announce=False) if c.config.rest.demo_fraction > 0 else []
+    state = RestState(first_step, random.Random(c.config.run.seed + first_step), start, demos)
     if saved is not None:
         state.load_state_dict(saved)
     return state
@@ -116,7 +124,7 @@ def rest_step(c: Components, logger: RunLogger, store: TrajectoryStore | None, s
     passed = above_threshold(samples, threshold)
     kept = per_task_cap(groups, passed, max_per_task=cfg.max_per_task, dedup=cfg.dedup)
     kept_ids = {id(s) for s in kept}
-    metrics = rollout_metrics(groups) | improve(c, kept, state.rng, step, state.start)
+    metrics = rollout_metrics(groups) | improve(c, kept, state.rng, step, state.start, state.demos)
     return metrics | {"rest/threshold": threshold, "rest/passed_fraction": len(passed) / len(samples),
                       "rest/kept_fraction": len(kept) / len(samples),
                       "rest/tasks_kept": float(len({id(g) for g in groups for s in g.samples if id(s) in kept_ids})),
