@@ -85,12 +85,14 @@ def fmt_eval(e: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| suite | seed | variant | BC start | after ReST | lift | beyond noise | BC wall | ReST wall |",
+    lines = ["| suite | seed | variant (--rest overrides) | BC start | after ReST | lift | beyond noise | BC wall "
+             "| ReST wall |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lift = r["end"]["success_rate"] - r["start"]["success_rate"]
         clear = "yes" if r["end"]["ci95"][0] > r["start"]["ci95"][1] else "no"
-        lines.append(f"| {r['suite']} | {r['seed']} | {r['label']} | {fmt_eval(r['start'])} | {fmt_eval(r['end'])} "
+        variant = f"{r['label']} ({' '.join(r['rest']) or 'defaults'})"
+        lines.append(f"| {r['suite']} | {r['seed']} | {variant} | {fmt_eval(r['start'])} | {fmt_eval(r['end'])} "
                      f"| {lift * 100:+.1f} | {clear} | {r['bc_wall_s']:.0f} s | {r['rest_wall_s']:.0f} s |")
     return "\n".join(lines)
 
