@@ -49,7 +49,9 @@ BC_STOP_VALIDATION = 0.8  # past the last target by a margin: the snapshots near
 # Every algorithm sees 8 tasks x 8 samples per step and makes 2 passes (or 4 SFT steps for ReST) per batch.
 SHARED = ["run.threads=1", "run.progress=false", "algo.tasks_per_step=8", "algo.group_size=8",
           "algo.epochs_per_step=2", "rest.tasks_per_iteration=8", "rest.samples_per_task=8", "rest.sft_steps=4",
-          "rest.threshold_start=1.0"]
+          "rest.threshold_start=1.0",
+          # the ReST measured in docs/algorithms.md's table: expert iteration as it was before ReST-EM
+          "rest.improve_from=current", "rest.lr=3e-4", "rest.dedup=false"]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from agentgrad.config_sections import (
     MctsConfig,
     MismatchConfig,
     ReplayConfig,
+    RestConfig,
     Section,
     TinyModelConfig,
 )
@@ -259,18 +260,6 @@ class CriticConfig(Section):
     value_clip: float | None = Field(0.2, ge=0, description="Clip of the value update around the rollout's "
                                                             "values (None: plain squared error).")
     whiten_advantages: bool = Field(True, description="Whiten GAE advantages over the batch's policy tokens.")
-
-
-class RestConfig(Section):
-    iterations: int = Field(10, ge=0, description="Grow/Improve iterations.")
-    tasks_per_iteration: int = Field(16, gt=0, description="Tasks sampled by each Grow step.")
-    samples_per_task: int = Field(8, gt=0, description="Samples per task (N) in each Grow step.")
-    threshold_start: float = Field(0.5, description="Reward threshold of the first Improve step.")
-    threshold_increment: float = Field(0.1, ge=0, description="Threshold rise per iteration.")
-    threshold_max: float = Field(1.0, description="Ceiling of the rising threshold.")
-    sft_steps: int = Field(8, ge=0, description="SFT optimizer steps per Improve step.")
-    batch_size_episodes: int = Field(32, gt=0, description="Episodes per SFT step.")
-    lr: float = Field(3e-4, gt=0, description="SFT learning rate of the Improve steps.")
 
 
 class DPOConfig(Section):

@@ -1,6 +1,6 @@
 """Config sections that live apart from config.py (to keep it readable): the base every section shares, the tiny
-model's shape, an MCP server entry, the adaptive and mcts stages, the mismatch monitor, replay, faults and
-evaluation. `agentgrad.config` re-exports them; import from there."""
+model's shape, an MCP server entry, the adaptive, ReST and mcts stages, the mismatch monitor, replay, faults
+and evaluation. `agentgrad.config` re-exports them; import from there."""
 
 from __future__ import annotations
 
@@ -191,3 +191,30 @@ class MctsConfig(Section):
     sft_steps: int = Field(8, ge=0, description="BC steps per round on the successful paths.")
     batch_size_episodes: int = Field(16, gt=0, description="Episodes per BC step.")
     lr: float = Field(3e-4, gt=0, description="Learning rate of the BC steps (the DPO steps use dpo.lr).")
+
+
+class RestConfig(Section):
+    iterations: int = Field(3, ge=0, description="Grow/Improve iterations (ReST-EM gains most in the first few).")
+    improve_from: Literal["start", "current"] = Field("start", description="Weights each Improve step fine-tunes: "
+                                                      "'start', the policy the stage began with, with a fresh "
+                                                      "optimizer (ReST-EM, Singh et al. 2023), so the set sampled "
+                                                      "by the latest policy is all it learns from and errors do "
+                                                      "not compound; 'current', the policy as the last Improve "
+                                                      "left it (Gulcehre et al. 2023), which from BC starts fell "
+                                                      "below its start over long runs (docs/algorithms.md).")
+    tasks_per_iteration: int = Field(64, gt=0, description="Tasks sampled by each Grow step: with improve_from=start "
+                                     "one Grow is all an Improve step learns from, so it must be large.")
+    samples_per_task: int = Field(8, gt=0, description="Samples per task (N) in each Grow step.")
+    max_per_task: int | None = Field(None, ge=1, description="Most kept samples per task (ReST-EM's cap against "
+                                     "easy tasks filling the Improve set); None keeps all.")
+    demo_fraction: float = Field(0.0, ge=0, le=1, description="Share of each Improve minibatch drawn from BC's "
+                                 "demonstrations (bc.demos or bc.num_demos of the suite's expert), so fine-tuning "
+                                 "on the tasks the policy already solves does not erase the ones it does not.")
+    dedup: bool = Field(True, description="Drop a kept sample whose tokens repeat one already kept for its task.")
+    threshold_start: float = Field(0.5, description="Reward threshold of the first Improve step.")
+    threshold_increment: float = Field(0.1, ge=0, description="Threshold rise per iteration (with 0/1 rewards any "
+                                       "threshold in (0, 1] keeps exactly the successes).")
+    threshold_max: float = Field(1.0, description="Ceiling of the rising threshold.")
+    sft_steps: int = Field(32, ge=0, description="SFT optimizer steps per Improve step.")
+    batch_size_episodes: int = Field(32, gt=0, description="Episodes per SFT step.")
+    lr: float = Field(1e-3, gt=0, description="SFT learning rate of the Improve steps.")

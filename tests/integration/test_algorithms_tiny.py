@@ -18,15 +18,16 @@ from agentgrad.pipelines.schedule import STAGES
 from agentgrad.pipelines.train import held_out, train
 
 BC = ["algo=bc"]
-# Per-algorithm budgets: rollout batches of 8 tasks x 8 samples each.
+# Per-algorithm budgets: rollout batches of 8 tasks x 8 samples each (ReST: its own Grow size).
 ALGOS = {
     "grpo": ["algo.steps=15"],
     # PPO as in Ziegler et al. 2019: KL to the BC policy as a reward penalty, adaptive coefficient.
     "ppo": ["algo.steps=15", "algo.kl_coef=0.05", "algo.kl_mode=reward",
             "algo.kl_controller=adaptive", "algo.kl_target=0.5", "algo.kl_horizon_episodes=500"],
-    # With 0/1 rewards any threshold in (0, 1] keeps exactly the successes: expert iteration on them.
-    "rest": ["rest.iterations=15", "rest.tasks_per_iteration=8", "rest.samples_per_task=8", "rest.sft_steps=4",
-             "rest.threshold_start=1.0"],
+    # ReST-EM as shipped (the rest.* defaults): 3 iterations, each a Grow of 64 tasks x 8 samples (1,536 episodes
+    # in all) and 32 SFT steps re-fitting the BC policy on the latest Grow's successes. With 0/1 rewards the
+    # threshold keeps exactly the successes.
+    "rest": [],
     # Four passes over each iteration's pairs, as the RL algorithms make over each batch (algo.epochs_per_step), and
     # more iterations: only groups with both a success and a failure give pairs. With the NLL term (dpo.nll_coef);
     # plain DPO went 45% -> 30% here, and at lr 3e-4 to 7%.

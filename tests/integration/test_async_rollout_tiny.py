@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 # A reward that an untrained policy's samples differ on (a fixed function of the sampled tokens: it only has to
 # vary within a group), so every group has signal and every step updates the weights.
 SHAPE = [*FAST, "algo.tasks_per_step=2", "algo.group_size=4", "algo.steps=3", "algo.zero_signal=keep",
-         "reward.name=test_async_rollout:token_hash_reward", "rollout.batch_invariant=true"]
+         "reward.name=test_async_rollout_tiny:token_hash_reward", "rollout.batch_invariant=true"]
 
 
 def token_hash_reward(suite, **options):

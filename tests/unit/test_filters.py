@@ -2,7 +2,13 @@
 
 import pytest
 
-from agentgrad.data.filters import above_threshold, preference_pairs, rest_threshold, select_signal_groups
+from agentgrad.data.filters import (
+    above_threshold,
+    per_task_cap,
+    preference_pairs,
+    rest_threshold,
+    select_signal_groups,
+)
 from agentgrad.types import RewardBreakdown, ScoredTrajectory, StopReason, Task, Trajectory, TrajectoryGroup
 
 
@@ -40,6 +46,34 @@ def test_above_threshold_is_inclusive_and_drops_masked():
     t = Task("t", "p", "a")
     samples = [_s(t, 0.4), _s(t, 0.5), _s(t, 1.0), _s(t, 1.0, masked=True)]
     assert [s.total_reward for s in above_threshold(samples, 0.5)] == [0.5, 1.0]
+
+
+def test_per_task_cap_keeps_the_first_distinct_passing_samples_of_each_task():
+    t, u = Task("t", "p", "a"), Task("u", "p", "a")
+
+    def s(task: Task, tokens: tuple[int, ...], reward: float, tag: int) -> ScoredTrajectory:
+        traj = Trajectory(task=task, token_ids=tokens, loss_mask=(0,) * len(tokens), logprobs=(0.0,) * len(tokens),
+                          prompt_length=1, turns=(), stop_reason=StopReason.ANSWERED, sample_index=tag)
+        return ScoredTrajectory(traj, RewardBreakdown(reward), success=reward >= 1.0)
+
+    # task t: samples 0 and 2 are the same episode, 1 failed, 3 and 4 are distinct wins; task u: one win
+    g_t = TrajectoryGroup(t, (s(t, (1, 2), 1.0, 0), s(t, (1, 3), 0.0, 1), s(t, (1, 2), 1.0, 2), s(t, (1, 4), 1.0, 3),
+                              s(t, (1, 5), 1.0, 4)))
+    g_u = TrajectoryGroup(u, (s(u, (1, 2), 1.0, 0),))  # same tokens as t's sample 0: another task, so kept
+    passed = above_threshold([x for g in (g_t, g_u) for x in g.samples], 1.0)  # t: 0, 2, 3, 4; u: 0
+
+    def tags(kept):
+        return [(x.trajectory.task.task_id, x.trajectory.sample_index) for x in kept]
+
+    assert tags(per_task_cap([g_t, g_u], passed, max_per_task=None, dedup=False)) == [
+        ("t", 0), ("t", 2), ("t", 3), ("t", 4), ("u", 0)]
+    # dedup drops t's sample 2 (a copy of 0); the cap of 2 then keeps 0 and 3 of t's distinct wins 0, 3, 4
+    assert tags(per_task_cap([g_t, g_u], passed, max_per_task=None, dedup=True)) == [("t", 0), ("t", 3), ("t", 4),
+                                                                                    ("u", 0)]
+    assert tags(per_task_cap([g_t, g_u], passed, max_per_task=2, dedup=True)) == [("t", 0), ("t", 3), ("u", 0)]
+    assert tags(per_task_cap([g_t, g_u], passed, max_per_task=2, dedup=False)) == [("t", 0), ("t", 2), ("u", 0)]
+    with pytest.raises(ValueError):
+        per_task_cap([g_t], passed, max_per_task=0, dedup=True)
 
 
 def test_preference_pairs_match_ith_win_with_ith_loss_within_a_task():

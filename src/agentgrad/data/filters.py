@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from agentgrad.types import ScoredTrajectory, TrajectoryGroup
 
-__all__ = ["select_signal_groups", "rest_threshold", "above_threshold", "preference_pairs"]
+__all__ = ["select_signal_groups", "rest_threshold", "above_threshold", "per_task_cap", "preference_pairs"]
 
 
 def select_signal_groups(groups: Sequence[TrajectoryGroup], max_groups: int) -> list[TrajectoryGroup]:
@@ -36,6 +36,30 @@ def rest_threshold(iteration: int, *, start: float, increment: float, maximum: f
 def above_threshold(samples: Sequence[ScoredTrajectory], threshold: float) -> list[ScoredTrajectory]:
     """Unmasked samples whose total reward is >= `threshold` (the ReST Improve filter)."""
     return [s for s in samples if not s.reward.masked and s.total_reward >= threshold]
+
+
+def per_task_cap(groups: Sequence[TrajectoryGroup], kept: Sequence[ScoredTrajectory], *, max_per_task: int | None,
+                 dedup: bool) -> list[ScoredTrajectory]:
+    """The `kept` samples, at most `max_per_task` per group (None: no cap), in sampling order; with `dedup`, a
+    sample whose tokens repeat an earlier kept sample of its group is dropped first.
+
+    ReST-EM (Singh et al. 2023, sec. 5) caps the correct solutions kept per problem so that easy problems, which
+    every sample solves, do not dominate the fine-tuning set; identical copies of one episode add nothing but
+    that weight. `kept` is matched to groups by identity, so it must hold samples of `groups`."""
+    if max_per_task is not None and max_per_task < 1:
+        raise ValueError(f"max_per_task must be >= 1 or None, got {max_per_task}")
+    chosen = {id(s) for s in kept}
+    out: list[ScoredTrajectory] = []
+    for g in groups:
+        seen: set[tuple[int, ...]] = set()
+        mine = []
+        for s in g.samples:
+            if id(s) not in chosen or (dedup and s.trajectory.token_ids in seen):
+                continue
+            seen.add(s.trajectory.token_ids)
+            mine.append(s)
+        out += mine[:max_per_task]
+    return out
 
 
 def preference_pairs(groups: Sequence[TrajectoryGroup]) -> list[tuple[ScoredTrajectory, ScoredTrajectory]]:
