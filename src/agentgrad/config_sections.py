@@ -1,7 +1,9 @@
 """Config sections that live apart from config.py (to keep it readable): the base every section shares, the tiny
-model's shape, and an MCP server entry. `agentgrad.config` re-exports them; import from there."""
+model's shape, LoRA, and an MCP server entry. `agentgrad.config` re-exports them; import from there."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,3 +54,19 @@ class McpServerConfig(Section):
         if (self.command is None) == (self.url is None):
             raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
         return self
+
+
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """LoRA adapters through PEFT (docs/scale-out.md). Off unless r > 0; then only the adapters train, the
+    reference policy is the model with them disabled, and checkpoints hold them in `adapter/`."""
+
+    r: int = Field(0, ge=0, description="LoRA rank; 0: off (every weight trains). Needs the lora extra (peft).")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha: the adapters' update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input in training; > 0 makes "
+                           "the learner take the plain forward (merged weights cannot drop inputs).")
+    target_modules: list[LoraTarget] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Linear layers that get adapters (a Llama-family decoder's projections).")
