@@ -2,7 +2,10 @@
 from a BC start while the base weights stay bit for bit the BC checkpoint's; a LoRA run killed with -9 and
 resumed from its checkpoints' adapters matches an uninterrupted one. Skips without the lora extra (peft)."""
 
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ pytest.importorskip("peft", reason="the lora extra is not installed (pip install
 
 from learning import assert_lift
 from test_algorithms_tiny import _Sink, bc_start  # noqa: F401  (bc_start: a module-scoped fixture)
-from test_kill_resume import TINY, _importable_reward, agentgrad, stable_metrics  # noqa: F401
+from test_kill_resume import SRC, TINY, _importable_reward, agentgrad, stable_metrics  # noqa: F401
 from test_train_tiny import FAST
 
 from agentgrad.config import build_config
@@ -74,3 +77,26 @@ def test_kill_9_then_resume_from_the_adapters_matches_an_uninterrupted_run(tmp_p
     bc = load_file(run_dir / "checkpoints" / "bc" / ADAPTER_DIR / "adapter_model.safetensors")
     final = load_file(run_dir / "checkpoints" / "final" / ADAPTER_DIR / "adapter_model.safetensors")
     assert all(not torch.equal(bc[k], final[k]) for k in bc)  # PPO moved every adapter matrix
+
+    # `agentgrad export`: a plain HF model (no adapters left) that scores as the adapted model does.
+    out = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "agentgrad.cli", "export", str(run_dir), "--out", str(out)],
+                          env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / ADAPTER_DIR).exists()
+    import transformers
+
+    from agentgrad.backends.scoring import token_logprobs
+    from agentgrad.models.lora import attach_lora
+
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+    adapted = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "final")
+    attach_lora(adapted, r=1, alpha=1.0, dropout=0.0, target_modules=["q_proj"],
+                adapter_dir=run_dir / "checkpoints" / "final" / ADAPTER_DIR)
+    ids = torch.randint(3, exported.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        want, got = token_logprobs(adapted, ids, mask), token_logprobs(exported, ids, mask)  # (2, 24)
+        base = token_logprobs(transformers.AutoModelForCausalLM.from_pretrained(model), ids, mask)
+    assert (want - base).abs().max() > 1e-3  # the adapters matter...
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # ...and the export carries them
