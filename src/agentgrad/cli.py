@@ -122,6 +122,7 @@ def eval_cmd(
 
     from agentgrad.checkpoint import latest_checkpoint
     from agentgrad.models.hf import ModelLoadError, load_model
+    from agentgrad.models.lora import merge_saved_adapter
     from agentgrad.pipelines.components import (
         episode_limits,
         inference,
@@ -138,6 +139,7 @@ def eval_cmd(
         ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
         with display.track(f"loading {ckpt.name}"):
             loaded = load_model(ckpt, dtype=config.model.dtype, device=config.model.device)
+        loaded.model = merge_saved_adapter(loaded.model, ckpt)  # a LoRA run's adapters, merged for sampling
     except (ConfigError, ModelLoadError, FileNotFoundError) as exc:
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
@@ -168,6 +170,31 @@ def eval_cmd(
                    f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, {result.num_successes}/{result.num_tasks})")
     if result.note:
         typer.secho(result.note, fg=typer.colors.YELLOW, err=True)
+
+
+@app.command("export")
+def export(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `agentgrad train`."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the plain Hugging Face checkpoint to."),
+    checkpoint: str | None = typer.Option(None, help="Checkpoint tag under checkpoints/ (default: final, else "
+                                          "the latest)."),
+) -> None:
+    """A run's checkpoint as a plain Hugging Face model (LoRA adapters merged into the weights) and tokenizer."""
+    from agentgrad.checkpoint import latest_checkpoint
+    from agentgrad.models.hf import ModelLoadError, load_model
+    from agentgrad.models.lora import merge_saved_adapter
+
+    if out.exists() and any(out.iterdir()):
+        _fail(f"{out} exists and is not empty")
+    try:
+        ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
+        loaded = load_model(ckpt)
+        model = merge_saved_adapter(loaded.model, ckpt)
+    except (ModelLoadError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    model.save_pretrained(out)
+    loaded.tokenizer.save_pretrained(out)
+    typer.echo(json.dumps({"checkpoint": str(ckpt), "out": str(out)}))
 
 
 @app.command()

@@ -23,6 +23,7 @@ from agentgrad.config_sections import (
     AdaptiveConfig,
     EvalConfig,
     FaultsConfig,
+    LoraConfig,
     McpServerConfig,
     MctsConfig,
     MismatchConfig,
@@ -45,6 +46,7 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     device: str = Field("cpu", description="torch device for policy and learner (cpu, cuda, cuda:1, ...).")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     chat_template: str = Field("auto", description="Chat template: auto (the model's own; a Qwen3 template, which "
                                "is not incremental, is swapped for agentgrad's incremental variant; the tiny model's "
                                "own is its compact 'tiny' format), a family agentgrad ships (tiny, qwen2.5, qwen3, "

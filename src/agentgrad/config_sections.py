@@ -1,6 +1,6 @@
 """Config sections that live apart from config.py (to keep it readable): the base every section shares, the tiny
-model's shape, an MCP server entry, the adaptive, ReST and mcts stages, the mismatch monitor, replay, faults
-and evaluation. `agentgrad.config` re-exports them; import from there."""
+model's shape, LoRA, an MCP server entry, the adaptive, ReST and mcts stages, the mismatch monitor, replay,
+faults and evaluation. `agentgrad.config` re-exports them; import from there."""
 
 from __future__ import annotations
 
@@ -218,3 +218,19 @@ class RestConfig(Section):
     sft_steps: int = Field(32, ge=0, description="SFT optimizer steps per Improve step.")
     batch_size_episodes: int = Field(32, gt=0, description="Episodes per SFT step.")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate of the Improve steps.")
+
+
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """LoRA adapters through PEFT (docs/scale-out.md). Off unless r > 0; then only the adapters train, the
+    reference policy is the model with them disabled, and checkpoints hold them in `adapter/`."""
+
+    r: int = Field(0, ge=0, description="LoRA rank; 0: off (every weight trains). Needs the lora extra (peft).")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha: the adapters' update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input in training; > 0 makes "
+                           "the learner take the plain forward (merged weights cannot drop inputs).")
+    target_modules: list[LoraTarget] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Linear layers that get adapters (a Llama-family decoder's projections).")

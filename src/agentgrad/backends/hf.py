@@ -108,7 +108,9 @@ class TorchLearner:
         self.max_buckets = max_buckets
         self.lean = LeanForward(model) if LeanForward.supports(model) else None
         self.grad_clip = grad_clip
-        self.params = [*model.parameters(), *(tool_head.parameters() if tool_head is not None else ())]
+        # Frozen parameters (a LoRA run's base weights) stay out of the optimizer and the gradient clip.
+        self.params = [p for p in (*model.parameters(), *(tool_head.parameters() if tool_head is not None else ()))
+                       if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:

@@ -52,6 +52,27 @@ def supports(model: torch.nn.Module) -> bool:
             and all(layer.mlp.gate_proj.bias is None and layer.mlp.up_proj.bias is None for layer in body.layers))
 
 
+def applied_weight(linear: torch.nn.Module) -> torch.Tensor:
+    """The weight a linear layer applies: its own, plus the delta (alpha/r * B @ A) of each active, unmerged LoRA
+    adapter when PEFT wrapped it (read by duck type: no peft import). Reading `.weight` alone would run the base
+    model and silently drop the adapters. Differentiable, so shared-prefix training reaches A and B."""
+    weight = linear.weight
+    lora_a = getattr(linear, "lora_A", None)
+    if lora_a is None or linear.disable_adapters or linear.merged:
+        return weight
+    for name in linear.active_adapters:
+        if name in lora_a:
+            weight = weight + linear.get_delta_weight(name)
+    return weight
+
+
+def has_lora_dropout(model: torch.nn.Module) -> bool:
+    """True when a LoRA layer drops its input in training (model.lora.dropout > 0): merged weights cannot, so the
+    learner takes the plain forward then."""
+    return any(not isinstance(d, torch.nn.Identity) for m in model.modules()
+               for d in getattr(m, "lora_dropout", {}).values())
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     """One decoder layer's weights, q/k/v and gate/up fused into single matmuls."""
@@ -73,14 +94,15 @@ def layer_weights(body: torch.nn.Module, query_scale: float | None = None) -> li
     out = []
     for layer in body.layers:
         a, m = layer.self_attn, layer.mlp
-        q_w, q_b = a.q_proj.weight, a.q_proj.bias
+        q_w, q_b = applied_weight(a.q_proj), a.q_proj.bias
         if query_scale is not None:
             q_w, q_b = q_w * query_scale, (q_b * query_scale if q_b is not None else None)
         qkv_b = torch.cat([q_b, a.k_proj.bias, a.v_proj.bias]) if q_b is not None else None
-        out.append(LayerWeights(layer.input_layernorm.weight, torch.cat([q_w, a.k_proj.weight, a.v_proj.weight]),
-                                qkv_b, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
-                                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight,
-                                m.down_proj.bias))
+        out.append(LayerWeights(layer.input_layernorm.weight,
+                                torch.cat([q_w, applied_weight(a.k_proj), applied_weight(a.v_proj)]), qkv_b,
+                                applied_weight(a.o_proj), a.o_proj.bias, layer.post_attention_layernorm.weight,
+                                torch.cat([applied_weight(m.gate_proj), applied_weight(m.up_proj)]),
+                                applied_weight(m.down_proj), m.down_proj.bias))
     return out
 
 

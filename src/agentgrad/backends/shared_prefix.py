@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from agentgrad.backends.lean import LeanStack, grouped_attention, layer_weights
+from agentgrad.backends.lean import LeanStack, grouped_attention, has_lora_dropout, layer_weights
 from agentgrad.backends.lean import supports as lean_supports
 from agentgrad.backends.scoring import tempered
 from agentgrad.batch import TokenBatch
@@ -88,7 +88,8 @@ class LeanForward:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        return lean_supports(model) and not getattr(model.config, "attention_dropout", 0.0)
+        return (lean_supports(model) and not getattr(model.config, "attention_dropout", 0.0)
+                and not has_lora_dropout(model))
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.stack = LeanStack(getattr(model, model.base_model_prefix))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from agentgrad.envs import make_suite as build_suite
 from agentgrad.logging import ProgressDisplay, ProgressFn, no_progress
 from agentgrad.models.factored_head import FactoredToolHead
 from agentgrad.models.hf import LoadedModel, ModelLoadError, load_model
+from agentgrad.models.lora import ADAPTER_DIR, Adapters, attach_lora, merge_saved_adapter
 from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import INCREMENTAL_HINT, ChatCodec, ChatTemplateError
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
@@ -38,10 +40,23 @@ class Components:
     model_dir: str | None = None  # where the model was loaded from (Ray rollout workers load its config/tokenizer)
     rollout_runner: Any = None  # rollout.backend=ray: the driver, started at the first rollout (rollout_backend.py)
     sampling_replica: Any = None  # rollout.max_staleness > 0, local: (policy, codec) on a copy of the model
+    adapters: Adapters | None = None  # model.lora.r > 0: injected into loaded.model, which policy and learner share
 
     @property
     def pad_token_id(self) -> int:
         return self.loaded.pad_token_id
+
+    @property
+    def saved_model(self) -> Any:
+        """What a checkpoint's `save_pretrained` writes: the model, or under LoRA the base plus `adapter/`."""
+        return self.adapters if self.adapters is not None else self.loaded.model
+
+    def frozen_reference(self) -> torch.nn.Module:
+        """The policy frozen as a stage starts (a copy); under LoRA the same model with its adapters disabled
+        (the base model: no second copy in memory)."""
+        if self.adapters is not None:
+            return self.adapters.base_view()
+        return copy.deepcopy(self.loaded.model).eval().requires_grad_(False)
 
 
 def make_suite(config: Config) -> TaskSuite:
@@ -217,6 +232,13 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     path = model_path or config.model.path or build_tiny_model_dir(config, suite, run_dir / "base-model", display)
     with display.track(f"loading model {path}"):  # a real checkpoint: a spinner while it reads the weights
         loaded = load_model(path, dtype=config.model.dtype, device=config.model.device)
+    lora = config.model.lora
+    adapters = None
+    if lora.r > 0:  # before the learner: only the adapters require gradients, so only they reach its optimizer
+        adapters = attach_lora(loaded.model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                               target_modules=lora.target_modules, adapter_dir=Path(path) / ADAPTER_DIR)
+    else:  # a LoRA run's checkpoint trained on in full: its adapters merged in, not dropped
+        loaded.model = merge_saved_adapter(loaded.model, path)
     policy, codec = inference(loaded, config.model, batch_invariant=config.rollout.batch_invariant)
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
@@ -226,4 +248,4 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
                       limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,
-                      model_dir=str(path))
+                      model_dir=str(path), adapters=adapters)

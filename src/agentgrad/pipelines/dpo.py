@@ -11,7 +11,6 @@ token's legal set: scoring only one side masked would put the masks' normalisers
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections import Counter
@@ -89,7 +88,7 @@ class DPOState:
 
 
 def start_dpo(c: Components, logger: RunLogger, first_step: int, saved: Mapping[str, Any] | None) -> DPOState:
-    state = DPOState(copy.deepcopy(c.loaded.model).eval().requires_grad_(False),
+    state = DPOState(c.frozen_reference(),
                      random.Random(c.config.run.seed + first_step))
     c.learner.set_lr(c.config.dpo.lr)
     if saved is not None:

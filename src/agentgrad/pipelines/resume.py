@@ -51,7 +51,7 @@ class RunCheckpointer:
         blobs = {STAGE_BLOB: run.stage.state_dict()} if run.stage is not None else {}
         if c.tool_head is not None:  # read back by build_components (model_path=) as tool_head.pt
             blobs[TOOL_HEAD_FILE.removesuffix(".pt")] = c.tool_head.to_blob()
-        save_run_state(self.run_dir, step, c.loaded.model, c.loaded.tokenizer, c.learner.optimizer, state, blobs)
+        save_run_state(self.run_dir, step, c.saved_model, c.loaded.tokenizer, c.learner.optimizer, state, blobs)
 
 
 def can_resume(run_dir: Path) -> bool:

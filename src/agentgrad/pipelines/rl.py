@@ -8,7 +8,6 @@ value model is trained. Everything else (KL to a frozen reference, its controlle
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -110,7 +109,7 @@ def start_rl(c: Components, saved: Mapping[str, Any] | None = None, *, algorithm
     algorithm = algorithm or ONLINE_ALGORITHMS.get(algo.name)
     reference = None
     if algo.kl_coef > 0:
-        reference = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
+        reference = c.frozen_reference()
     kl_controller = make_kl_controller(algo.kl_controller, algo.kl_coef, target=algo.kl_target,
                                        horizon=algo.kl_horizon_episodes)
     critic = None

@@ -47,7 +47,7 @@ def held_out(c: Components, display: ProgressDisplay | None = None) -> EvalResul
 
 def checkpoint(c: Components, run_dir: Path, tag: str) -> Path:
     extra = {TOOL_HEAD_FILE: c.tool_head.save} if c.tool_head is not None else None
-    return save_checkpoint(run_dir / "checkpoints" / tag, c.loaded.model, c.loaded.tokenizer, c.learner.optimizer,
+    return save_checkpoint(run_dir / "checkpoints" / tag, c.saved_model, c.loaded.tokenizer, c.learner.optimizer,
                            extra)
 
 

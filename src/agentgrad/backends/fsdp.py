@@ -1,0 +1,102 @@
+"""FSDP2 learner (`learner.backend=fsdp`; docs/scale-out.md): `TorchLearner`'s scoring and step over a model
+whose parameters, gradients and AdamW state are sharded across the ranks of the default process group with
+`torch.distributed.fsdp.fully_shard` (one unit per decoder layer, one for the rest). gloo on CPU, nccl on GPU.
+
+The data plan is the simplest one that is exact: every rank scores the *same* batch (the one rank 0's rollouts
+produced, broadcast with `broadcast_batch`), so FSDP's averaged reduce-scatter of identical gradients is the
+single-process gradient, and any loss computed from the logprobs is the single-process loss. What sharding buys
+here is memory (each rank holds 1/world of the weights, gradients and optimizer state), not throughput; splitting
+rows across ranks needs every loss aggregation normalised by global counts (not done).
+
+The lean forward (`backends/lean.py`) reads weights directly and would see shards: this learner takes the plain
+HF forward (module hooks gather each layer's weights). Weights for generation come from `full_state_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentgrad.backends.hf import TorchLearner
+from agentgrad.batch import TokenBatch
+from agentgrad.models.hf import model_parts
+
+
+def shard_model(model: torch.nn.Module, device_type: str = "cpu") -> torch.nn.Module:
+    """Shard `model` in place across the default process group: each decoder layer its own FSDP unit (gathered
+    only while it runs), then the root (embeddings, final norm, lm head)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    body, _ = model_parts(model)
+    for layer in body.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (the total grad norm FSDP's clip returns), a plain tensor as is."""
+    full = getattr(value, "full_tensor", None)
+    return full() if full is not None else value
+
+
+class FSDPLearner(TorchLearner):
+    """AdamW on an FSDP2-sharded model. Every rank must make the same calls with the same batch (collectives)."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
+                 betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4, device_type: str = "cpu") -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("learner.backend=fsdp needs torch.distributed initialised (torchrun, or "
+                               "agentgrad train learner.world_size=N)")
+        shard_model(model, device_type)
+        super().__init__(model, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, betas=betas,
+                         max_buckets=max_buckets)
+        self.lean = None  # the plain forward: FSDP's hooks gather a layer's weights as it runs
+
+    def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
+        if loss is not None:
+            loss.backward()
+        grad_norm = _local(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf))
+        skipped = not torch.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"train/grad_norm": float(grad_norm), "train/skipped_steps": float(skipped)}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded weights (on CPU, every rank): what a checkpoint or the generation backend receives."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {"model": self.full_state_dict(),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+
+
+def broadcast_batch(batch: TokenBatch | None, src: int = 0) -> TokenBatch:
+    """Rank `src`'s batch on every rank (the others pass None): how the ranks that do not roll out join an
+    update on rank 0's rollouts."""
+    box = [batch if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src)  # pickled: the batch is a frozen record of CPU tensors
+    return box[0]

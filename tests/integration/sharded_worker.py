@@ -1,0 +1,68 @@
+"""One rank of test_sharded_learners.py's run under torchrun: two steps of a sharded learner (argv[1]: fsdp, zero2
+or zero3) on the shared test batch (rank 0 builds it, the others receive it), then rank 0 writes losses, grad
+norms and the full weights to argv[2]."""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+
+from test_shared_prefix import _grouped_batch, _model
+
+from agentgrad.algos.losses import sft_loss
+from agentgrad.backends.fsdp import broadcast_batch
+
+STEPS = 2
+LR = 1e-2
+
+
+def make_learner(backend: str, model: torch.nn.Module):
+    if backend == "fsdp":
+        from agentgrad.backends.fsdp import FSDPLearner
+
+        return FSDPLearner(model, lr=LR)
+    from agentgrad.backends.deepspeed import DeepSpeedLearner
+
+    return DeepSpeedLearner(model, lr=LR, stage=int(backend.removeprefix("zero")))
+
+
+def local_numel(backend: str, learner) -> int:
+    """Parameters this rank holds: FSDP's DTensor shards, ZeRO-3's partitions, ZeRO-2's fp32 optimizer partition."""
+    params = list(learner.model.parameters())
+    if backend == "fsdp":
+        return sum(p.to_local().numel() for p in params)
+    if backend == "zero3":
+        return sum(p.ds_tensor.numel() for p in params)
+    return sum(t.numel() for t in learner.optimizer.single_partition_of_fp32_groups)
+
+
+def main(backend: str, out: str) -> None:
+    torch.set_num_threads(1)
+    if backend == "fsdp":
+        dist.init_process_group("gloo")
+    else:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+    model = _model("qwen2")  # seeded: the same initial weights on every rank and in the test
+    full_numel = sum(p.numel() for p in model.parameters())
+    learner = make_learner(backend, model)
+    batch = broadcast_batch(_grouped_batch() if dist.get_rank() == 0 else None)
+    losses, norms = [], []
+    for _ in range(STEPS):
+        loss = sft_loss(learner.logprobs(batch), batch.loss_mask)
+        losses.append(loss.item())
+        norms.append(learner.step(loss)["train/grad_norm"])
+    state = learner.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"losses": losses, "grad_norms": norms, "state": state,
+                    "world_size": dist.get_world_size(),
+                    "local_fraction": local_numel(backend, learner) / full_numel}, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
