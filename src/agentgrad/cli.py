@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import sys
@@ -24,6 +25,13 @@ def _display(enabled: bool = True):
     from agentgrad.logging import ProgressDisplay
 
     return ProgressDisplay(enabled=enabled)
+
+
+def _libraries_to_stderr():
+    """While models load and train, whatever a library prints goes to stderr (DeepSpeed's logger, created on
+    its first import by accelerate inside `save_pretrained`, writes to the stdout of that moment): stdout keeps
+    only the command's answer, so `agentgrad train > out.json` stays parseable."""
+    return contextlib.redirect_stdout(sys.stderr)
 
 
 def _fail(message: str) -> None:
@@ -86,7 +94,8 @@ def train(
 
     plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError, McpError)  # user code, data
     try:
-        summary = run_train(config, run_dir=resume, resume=resume is not None)
+        with _libraries_to_stderr():
+            summary = run_train(config, run_dir=resume, resume=resume is not None)
     except (ModelLoadError, BadInputError, FileExistsError, NonFiniteLossError, DemoLimitError, *plugin_errors) as exc:
         _fail(str(exc))
     except Exception as exc:
@@ -157,7 +166,7 @@ def eval_cmd(
     policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
     n = num_tasks or config.eval.num_tasks
     try:
-        with display.track("held-out eval", n) as progress:
+        with display.track("held-out eval", n) as progress, _libraries_to_stderr():
             result = evaluate(policy, codec, suite, episode_limits(config), sampler_settings(config), num_tasks=n,
                               seed=config.run.seed if seed is None else seed, temperature=config.eval.temperature,
                               batch_size=config.eval.batch_size, progress=progress)
@@ -188,12 +197,14 @@ def export(
         _fail(f"{out} exists and is not empty")
     try:
         ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
-        loaded = load_model(ckpt)
-        model = merge_saved_adapter(loaded.model, ckpt)
+        with _libraries_to_stderr():
+            loaded = load_model(ckpt)
+            model = merge_saved_adapter(loaded.model, ckpt)
     except (ModelLoadError, FileNotFoundError) as exc:
         _fail(str(exc))
-    model.save_pretrained(out)
-    loaded.tokenizer.save_pretrained(out)
+    with _libraries_to_stderr():
+        model.save_pretrained(out)
+        loaded.tokenizer.save_pretrained(out)
     typer.echo(json.dumps({"checkpoint": str(ckpt), "out": str(out)}))
 
 
