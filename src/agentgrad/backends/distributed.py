@@ -205,7 +205,12 @@ class ShardedLearner:
     def sync_weights(self) -> None:
         """Gather the updated weights (a collective) into the generation copy."""
         full = self.call("full_state_dict")
-        self.generation_model.load_state_dict(full, strict=False)  # tied weights may be listed once
+        result = self.generation_model.load_state_dict(full, strict=False)
+        tied = getattr(getattr(self.generation_model, "config", None), "tie_word_embeddings", False)
+        missing = set(result.missing_keys) - ({"lm_head.weight"} if tied else set())  # a tied head listed once
+        if missing or result.unexpected_keys:
+            raise RuntimeError(f"weight sync: the gathered weights miss {sorted(missing)} and have unexpected "
+                               f"{sorted(result.unexpected_keys)}")
         self.version += 1
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
