@@ -68,6 +68,15 @@ def train(
 ) -> None:
     """Train: BC warm-up on expert demonstrations, then online RL; held-out success after each."""
     from agentgrad.config import ConfigError, build_config, load_config, read_yaml
+    from agentgrad.pipelines.launch import (
+        follow_rank_zero,
+        init_processes,
+        launched,
+        launched_rank,
+        needs_relaunch,
+        relaunch,
+        world_size_error,
+    )
     from agentgrad.pipelines.preflight import BadInputError, check_fresh_run, check_resumable, preflight
 
     try:  # everything that can be checked before torch and the model are loaded, so a bad command fails fast
@@ -78,11 +87,18 @@ def train(
             check_resumable(resume, load_config(resume / "config.yaml").run.checkpoint_every)
         else:
             config = build_config(preset, overrides or [])
-            if config.run.name:
+            if config.run.name and launched_rank() == 0:  # the other ranks of a sharded run write nothing
                 check_fresh_run(Path(config.run.output_dir) / config.run.name)
         preflight(config)
+        if (mismatch := world_size_error(config)) is not None:
+            raise BadInputError(mismatch)
     except (ConfigError, BadInputError) as exc:
         _fail(str(exc))
+    if needs_relaunch(config):  # learner.world_size > 1: this command again, as that many processes
+        raise typer.Exit(relaunch(config.learner.world_size, sys.argv[1:]))
+    if launched() and config.learner.backend != "torch" and init_processes(config) > 0:
+        follow_rank_zero(config)  # rank 0 runs the pipeline; this rank serves its learner
+        return
     from agentgrad.faults import NonFiniteLossError
     from agentgrad.models.hf import ModelLoadError
     from agentgrad.pipelines.bc import DemoLimitError

@@ -23,6 +23,7 @@ from agentgrad.config_sections import (
     AdaptiveConfig,
     EvalConfig,
     FaultsConfig,
+    LearnerConfig,
     LoraConfig,
     McpServerConfig,
     MctsConfig,
@@ -357,6 +358,7 @@ class Config(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -455,7 +457,7 @@ def list_presets() -> list[str]:
 
 def _preset_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    if not path.suffix:
+    if not path.suffix or name_or_path in list_presets():  # a preset's name may hold dots (qwen2.5-0.5b-gpu)
         path = PRESET_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         raise ConfigError(f"no preset {name_or_path!r}; built-in presets: {', '.join(list_presets())}, or a path "

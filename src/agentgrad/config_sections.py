@@ -234,3 +234,22 @@ class LoraConfig(Section):
     target_modules: list[LoraTarget] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, description="Linear layers that get adapters (a Llama-family decoder's projections).")
+
+
+class LearnerConfig(Section):
+    """Where the policy update runs (docs/scale-out.md, "Training"): one process (torch), or a sharded learner
+    over `world_size` processes, of which rank 0 rolls out and every rank updates on rank 0's batch."""
+
+    backend: Literal["torch", "fsdp", "deepspeed"] = Field("torch", description="torch: AdamW in this process, "
+                                                           "on the model generation also uses. fsdp: FSDP2 "
+                                                           "(fully_shard) over torch.distributed; deepspeed: "
+                                                           "DeepSpeed ZeRO (learner.zero_stage; the deepspeed "
+                                                           "extra). gloo on CPU, nccl on CUDA.")
+    world_size: int = Field(1, ge=1, description="Processes of a sharded learner. `agentgrad train` with "
+                            "world_size > 1 starts them itself (torch.distributed.run on 127.0.0.1); under "
+                            "torchrun or the deepspeed launcher their WORLD_SIZE is used (leave this at 1 or "
+                            "set it to match).")
+    zero_stage: Literal[2, 3] = Field(2, description="learner.backend=deepspeed: ZeRO stage 2 (optimizer state "
+                                      "and gradients partitioned) or 3 (the weights too).")
+    offload_optimizer: bool = Field(False, description="learner.backend=deepspeed: keep the optimizer state in "
+                                    "CPU memory (ZeRO-Offload; untested).")

@@ -204,6 +204,9 @@ def finish_bc(c: Components, logger: RunLogger, state: BCState, position: Schedu
         kept = ""
         if rule.best_state is not None and rule.best_step != cfg.steps:
             c.loaded.model.load_state_dict(rule.best_state)
+            load_into_learner = getattr(getattr(c, "learner", None), "load_weights", None)
+            if load_into_learner is not None:  # a sharded learner trains its own copy of the weights
+                load_into_learner(rule.best_state)
             kept = f"; RL starts from its best check (step {rule.best_step}, {rule.best:.0%})"
         logger.display.print(f"warning: BC used all {cfg.steps} steps without reaching validation success "
                              f"{cfg.stop_at_success:.0%}{kept} (raise bc.steps, or see docs/learning.md on BC's "

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from agentgrad.backends.base import Learner
 from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.config import Config, ModelConfig
 from agentgrad.envs import TaskSuite
@@ -32,7 +33,7 @@ class Components:
     loaded: LoadedModel
     codec: ChatCodec
     policy: HFPolicy
-    learner: TorchLearner
+    learner: Learner  # TorchLearner, or backends.distributed.ShardedLearner
     reward_fn: RewardFn
     limits: EpisodeLimits
     sampler: SamplerSettings
@@ -221,6 +222,22 @@ def inference(loaded: LoadedModel, model: ModelConfig | None = None, *,
     return policy, chat_codec(loaded, model)
 
 
+def make_learner(config: Config, loaded: LoadedModel, path: str, head: FactoredToolHead | None) -> Learner:
+    """learner.backend=torch: AdamW on the model generation uses. fsdp/deepspeed: a sharded copy of it, the
+    other ranks following (backends/distributed.py), weights synced into `loaded.model` after every update."""
+    if config.learner.backend == "torch":
+        return TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip, tool_head=head)
+    from agentgrad.backends.distributed import ShardedLearner, ShardedSpec
+    from agentgrad.pipelines.launch import init_processes, uses_cuda
+
+    init_processes(config)  # a no-op under a launcher, which already joined the group
+    le = config.learner
+    spec = ShardedSpec(backend=le.backend, lr=config.algo.lr, grad_clip=config.algo.grad_clip,
+                       zero_stage=le.zero_stage, offload_optimizer=le.offload_optimizer,
+                       device_type="cuda" if uses_cuda(config) else "cpu")
+    return ShardedLearner(loaded.model, spec, model_path=path, dtype=config.model.dtype, device=config.model.device)
+
+
 def build_components(config: Config, run_dir: Path, *, model_path: str | Path | None = None,
                      display: ProgressDisplay | None = None) -> Components:
     """`model_path` (a resumed run's checkpoint) overrides config.model.path."""
@@ -243,8 +260,7 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
-    learner = TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip,
-                           tool_head=head)
+    learner = make_learner(config, loaded, str(path), head)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
                       limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,

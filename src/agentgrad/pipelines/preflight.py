@@ -65,6 +65,40 @@ def check_rollout_backend(config: Config) -> None:
                             "are keyed by the worker's own rows)")
 
 
+SHARDED_STAGES = ("bc", "grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "dpo")
+
+
+def check_learner(config: Config) -> None:
+    """learner.*: combinations a sharded learner cannot run, each as one line."""
+    import importlib.util
+
+    learner = config.learner
+    if learner.backend == "torch":
+        if learner.world_size > 1:
+            raise BadInputError(f"learner.world_size={learner.world_size} with learner.backend=torch (one process): "
+                                "set learner.backend=fsdp or learner.backend=deepspeed")
+        return
+    name = f"learner.backend={learner.backend}"
+    if learner.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise BadInputError(f"{name} needs DeepSpeed: pip install 'agentgrad[deepspeed]'")
+    unsupported = [
+        (config.model.lora.r > 0, "model.lora.r > 0 (LoRA): use learner.backend=torch"),
+        (config.rollout.action_head != "tokens", "rollout.action_head=factored: use rollout.action_head=tokens"),
+        (config.rollout.backend != "local", "rollout.backend=ray: use rollout.backend=local"),
+        (config.rollout.max_staleness > 0, "rollout.max_staleness > 0: set it to 0"),
+        (learner.backend == "deepspeed" and config.run.checkpoint_every > 0,
+         "run.checkpoint_every > 0 (DeepSpeed checkpoints are not wired): set it to 0, or use learner.backend=fsdp"),
+        (learner.backend == "deepspeed" and config.bc.keep_best,
+         "bc.keep_best=true (weights cannot be loaded into a running engine): set bc.keep_best=false"),
+    ]
+    algos = [s.algo for s in config.schedule.stages] or ["bc", config.algo.name]
+    unsupported += [(a not in SHARDED_STAGES, f"the {a} stage: sharded runs take {', '.join(SHARDED_STAGES)}")
+                    for a in algos]
+    for bad, what in unsupported:
+        if bad:
+            raise BadInputError(f"{name} does not support {what}")
+
+
 def preflight(config: Config) -> None:
     from agentgrad.envs import SUITES
     from agentgrad.rewards.base import load_reward
@@ -72,6 +106,7 @@ def preflight(config: Config) -> None:
     check_model_path(config.model.path)
     check_sinks(config.metrics.sinks)
     check_rollout_backend(config)
+    check_learner(config)
     try:  # a registered name, a `module:attr` import path or an entry point (UnknownNameError, ImportRefError)
         factory = SUITES.get(config.env.name)
     except (KeyError, ValueError) as exc:

@@ -112,6 +112,8 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
         logger.close()
         close_suite(c.suite)  # its sandbox pool, its MCP servers
         close_rollout(c)  # Ray rollout workers
+        if hasattr(c.learner, "stop"):  # a sharded learner: its other ranks leave their loop
+            c.learner.stop()
     initial, final = run.info.evals["bc"], run.info.evals["final"]
     summary = {"run_dir": str(run_dir), "initial_success_rate": initial["success_rate"],
                "final_success_rate": final["success_rate"], "initial_eval": initial,
