@@ -155,6 +155,10 @@ class RolloutConfig(Section):
                                                      "docs/scale-out.md.")
     vllm_kv_cache_mb: int = Field(256, gt=0, description="backend=vllm: memory the engine reserves for its KV cache "
                                   "(and prefix cache), in MiB.")
+    vllm_server: str | None = Field(None, description="backend=vllm: None: the engine in this process; 'start': "
+                                    "start vLLM's OpenAI-compatible server on 127.0.0.1 and talk to it over HTTP; a "
+                                    "URL: a running server (started with VLLM_SERVER_DEV_MODE=1, on this filesystem: "
+                                    "weights go to it as files).")
     workers: int = Field(2, gt=0, description="backend=ray: rollout worker actors (groups are spread over them).")
     worker_cpus: float = Field(1.0, gt=0, description="backend=ray: CPUs Ray reserves for each worker.")
     ray_address: str | None = Field(None, description="backend=ray: a cluster to join (`ray start --head` prints it; "

@@ -47,7 +47,7 @@ def components(bc_checkpoint, tmp_path_factory):
                                      f"algo.tasks_per_step={TASKS}", f"algo.group_size={G}",
                                      "mismatch.monitor=true"])
     c = build_components(config, tmp_path_factory.mktemp("vllm"))
-    c.rollout_runner = VLLMRollout(config, c.model_dir, c.loaded.eos_token_ids)
+    c.rollout_runner = VLLMRollout(config, c.model_dir, c.loaded.eos_token_ids, c.run_dir)
     c.rollout_runner.sync_weights(0, c.loaded.model.state_dict())
     yield c
     close_rollout(c)
@@ -86,28 +86,55 @@ def test_sampled_logprobs_agree_with_the_learner(components):
 
 
 def test_weights_follow_the_learner(components):
-    c = components
+    assert_weights_follow_the_learner(components, components.rollout_runner)
+
+
+def assert_weights_follow_the_learner(c, runner):
     task = c.suite.sample_tasks(1, split="test", seed=SEED)[0]
     prompt = start_episode(c.suite.make_env(), task, c.codec, seed=0).token_ids
     sampling = dataclasses.replace(greedy(c), max_new_tokens=8)
-    before = c.rollout_runner.policy.generate([prompt], sampling)[0]
+    before = runner.policy.generate([prompt], sampling)[0]
+    syncs = runner.metrics()["vllm/weight_syncs"]
     saved = {k: v.clone() for k, v in c.loaded.model.state_dict().items()}
     try:
         with torch.no_grad():
             torch.manual_seed(1)
             for p in c.loaded.model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-        c.rollout_runner.sync_weights(1, c.loaded.model.state_dict())
-        c.rollout_runner.sync_weights(1, c.loaded.model.state_dict())  # same version: not reloaded
-        assert c.rollout_runner.metrics()["vllm/weight_syncs"] == 2.0  # version 0 in the fixture, then 1
-        after = c.rollout_runner.policy.generate([prompt], sampling)[0]
+        runner.sync_weights(runner.version + 1, c.loaded.model.state_dict())
+        runner.sync_weights(runner.version, c.loaded.model.state_dict())  # same version: not reloaded
+        assert runner.metrics()["vllm/weight_syncs"] == syncs + 1
+        after = runner.policy.generate([prompt], sampling)[0]
         hf_after = c.policy.generate([prompt], sampling)[0]
         assert after.logprobs != before.logprobs  # the prefix cache of the old weights was not reused
         assert after.token_ids == hf_after.token_ids
         assert max(abs(x - y) for x, y in zip(after.logprobs, hf_after.logprobs)) < LOGPROB_ATOL
     finally:
         c.loaded.model.load_state_dict(saved)
-        c.rollout_runner.sync_weights(2, c.loaded.model.state_dict())
+        runner.sync_weights(runner.version + 1, c.loaded.model.state_dict())
+
+
+def test_server_mode_on_loopback(components):
+    """vLLM's OpenAI-compatible server started by the run on 127.0.0.1: token ids in and out over HTTP, the same
+    greedy episodes as the HF engine, weights reloaded from the file the learner writes."""
+    c = components
+    config = build_config(overrides=[*SHAPE, f"model.path={c.model_dir}", "rollout.backend=vllm",
+                                     "rollout.vllm_server=start"])
+    server = VLLMRollout(config, c.model_dir, c.loaded.eos_token_ids, c.run_dir)
+    try:
+        assert server.policy.url.startswith("http://127.0.0.1:")
+        server.sync_weights(0, c.loaded.model.state_dict())
+        tasks = c.suite.sample_tasks(8, split="test", seed=SEED)
+        hf = episodes(c, c.policy, tasks, greedy(c))
+        served = episodes(c, server.policy, tasks, greedy(c))
+        assert sum(len(ep.turns) for ep in hf) > len(tasks)  # multi-turn
+        for a, b in zip(hf, served):
+            assert a.token_ids == b.token_ids and a.stop_reason == b.stop_reason
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < LOGPROB_ATOL
+        assert_weights_follow_the_learner(c, server)
+    finally:
+        server.close()
+    assert server.policy.process.poll() is not None  # the run's server is stopped with it
 
 
 @pytest.mark.parametrize("override", ["rollout.tool_name_mask='on'", "rollout.action_head=factored",

@@ -48,10 +48,13 @@ class VLLMPolicy:
 
         self.eos_token_ids = tuple(eos_token_ids)
         # float32 as the learner scores; kv_cache_memory_bytes instead of a memory fraction, which the CPU
-        # backend checks against the whole machine's free memory.
+        # backend checks against the whole machine's free memory. No chunked prefill: a seeded request whose prompt
+        # is split over steps has its generator rewound, which CPU generators cannot do (vLLM 0.32 raises "CPU
+        # Generator does not use offset" once a step's prompts pass max_num_batched_tokens).
         self.llm = LLM(model=str(model_dir), dtype="float32", enable_prefix_caching=True,
                        logprobs_mode="processed_logprobs", seed=seed, skip_tokenizer_init=True,
-                       kv_cache_memory_bytes=kv_cache_mb << 20, max_model_len=max_model_len)
+                       kv_cache_memory_bytes=kv_cache_mb << 20, max_model_len=max_model_len,
+                       enable_chunked_prefill=False)
         self.weights_loaded = 0  # in-place weight reloads so far
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,

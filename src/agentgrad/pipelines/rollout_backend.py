@@ -45,7 +45,7 @@ def run_rollout(c: Components, tasks: Sequence[Task], group_size: int, *, sampli
         if c.rollout_runner is None:
             from agentgrad.pipelines.vllm_rollout import VLLMRollout
 
-            c.rollout_runner = VLLMRollout(c.config, c.model_dir, c.loaded.eos_token_ids)
+            c.rollout_runner = VLLMRollout(c.config, c.model_dir, c.loaded.eos_token_ids, c.run_dir or ".")
         c.rollout_runner.sync_weights(policy_version, c.loaded.model.state_dict() if weights is None else weights)
         return c.rollout_runner.run(c.codec, c.suite, tasks, group_size, sampling=sampling, step=step,
                                     limits=c.limits, sampler=c.sampler)

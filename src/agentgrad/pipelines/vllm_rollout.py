@@ -1,4 +1,5 @@
-"""rollout.backend=vllm: RL rollouts sampled by a vLLM engine in this process (`backends/vllm_policy.py`), through
+"""rollout.backend=vllm: RL rollouts sampled by a vLLM engine in this process (`backends/vllm_policy.py`) or by vLLM's
+OpenAI-compatible server (`backends/vllm_server.py`, rollout.vllm_server), through
 the same scheduler and codec as the local backend; the learner's weights go into the engine whenever the policy
 version changes (and once at the start: the engine loads the model directory, the run may have trained since)."""
 
@@ -6,11 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.vllm_policy import VLLMPolicy
+from agentgrad.backends.vllm_server import VLLMServerPolicy, start_server
 from agentgrad.config import Config
 from agentgrad.envs.base import TaskSuite, close_envs
 from agentgrad.rollout.chat import ChatCodec
@@ -21,12 +24,23 @@ from agentgrad.types import Task, Trajectory
 class VLLMRollout:
     """The engine, the weights' version it holds, and counters for the dashboards (vllm/* keys)."""
 
-    def __init__(self, config: Config, model_dir: str, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, config: Config, model_dir: str, eos_token_ids: Sequence[int], log_dir: str | Path) -> None:
+        """`log_dir`: where a server the run starts writes its log (vllm-server.log)."""
         started = time.monotonic()
         self.config = config
-        self.policy = VLLMPolicy(model_dir, eos_token_ids=eos_token_ids, seed=config.run.seed,
-                                 kv_cache_mb=config.rollout.vllm_kv_cache_mb,
-                                 max_model_len=config.rollout.max_total_tokens)
+        r = config.rollout
+        self.policy: VLLMPolicy | VLLMServerPolicy
+        if r.vllm_server is None:
+            self.policy = VLLMPolicy(model_dir, eos_token_ids=eos_token_ids, seed=config.run.seed,
+                                     kv_cache_mb=r.vllm_kv_cache_mb, max_model_len=r.max_total_tokens)
+        elif r.vllm_server == "start":
+            process, url = start_server(model_dir, seed=config.run.seed, kv_cache_mb=r.vllm_kv_cache_mb,
+                                        max_model_len=r.max_total_tokens, log_path=Path(log_dir) / "vllm-server.log")
+            self.policy = VLLMServerPolicy(url, eos_token_ids=eos_token_ids, process=process,
+                                           max_concurrent_requests=r.max_concurrent_episodes)
+        else:
+            self.policy = VLLMServerPolicy(r.vllm_server, eos_token_ids=eos_token_ids,
+                                           max_concurrent_requests=r.max_concurrent_episodes)
         self.start_seconds = time.monotonic() - started
         self.version: int | None = None
         self.syncs = 0
