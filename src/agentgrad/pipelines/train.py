@@ -111,7 +111,7 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
     finally:
         logger.close()
         close_suite(c.suite)  # its sandbox pool, its MCP servers
-        close_rollout(c)  # Ray rollout workers
+        close_rollout(c)  # Ray rollout workers, a vLLM engine or server
     initial, final = run.info.evals["bc"], run.info.evals["final"]
     summary = {"run_dir": str(run_dir), "initial_success_rate": initial["success_rate"],
                "final_success_rate": final["success_rate"], "initial_eval": initial,
