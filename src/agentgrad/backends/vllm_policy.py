@@ -31,7 +31,7 @@ NO_LOGITS_PROCESSOR = ("error: rollout.backend=vllm cannot apply a per-token log
                        "or the factored action head); use rollout.tool_name_mask=off or rollout.backend=local")
 
 
-def _row_seed(seed: int | None, row: int) -> int | None:
+def row_seed(seed: int | None, row: int) -> int | None:
     """Each request its own seed (vLLM keeps a generator per seeded request), so a row's draws do not depend on
     which rows share the call."""
     return None if seed is None else (seed * 1_000_003 + row) % (2**63)
@@ -70,7 +70,7 @@ class VLLMPolicy:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         params = [VSampling(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                            top_p=sampling.top_p, seed=_row_seed(sampling.seed, b), logprobs=0,
+                            top_p=sampling.top_p, seed=row_seed(sampling.seed, b), logprobs=0,
                             stop_token_ids=list(self.eos_token_ids), detokenize=False, skip_special_tokens=False)
                   for b in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,

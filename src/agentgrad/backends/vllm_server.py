@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
-from agentgrad.backends.vllm_policy import NO_LOGITS_PROCESSOR, _row_seed
+from agentgrad.backends.vllm_policy import NO_LOGITS_PROCESSOR, row_seed
 
 SERVED_NAME = "agentgrad-policy"
 
@@ -102,7 +102,7 @@ class VLLMServerPolicy:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         bodies = [{"model": SERVED_NAME, "prompt": [int(t) for t in p], "max_tokens": sampling.max_new_tokens,
-                   "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": _row_seed(sampling.seed, b),
+                   "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": row_seed(sampling.seed, b),
                    "logprobs": 0, "stop_token_ids": list(self.eos_token_ids), "return_token_ids": True,
                    "return_tokens_as_token_ids": True, "skip_special_tokens": False}
                   for b, p in enumerate(prompts)]
