@@ -39,6 +39,7 @@ class Components:
     sampler: SamplerSettings
     tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
     model_dir: str | None = None  # where the model was loaded from (Ray rollout workers load its config/tokenizer)
+    run_dir: str | None = None  # the run's directory (a vLLM server the run starts logs there)
     rollout_runner: Any = None  # rollout.backend=ray: the driver, started at the first rollout (rollout_backend.py)
     sampling_replica: Any = None  # rollout.max_staleness > 0, local: (policy, codec) on a copy of the model
     adapters: Adapters | None = None  # model.lora.r > 0: injected into loaded.model, which policy and learner share
@@ -264,4 +265,4 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
                       limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,
-                      model_dir=str(path), adapters=adapters)
+                      model_dir=str(path), run_dir=str(run_dir), adapters=adapters)

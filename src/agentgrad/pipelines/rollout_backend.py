@@ -1,5 +1,6 @@
-"""Where an RL step's episodes run (`rollout.backend`): in this process, or spread over Ray rollout workers
-(`pipelines/ray_rollout.py`, imported only when chosen). Both give the same trajectories for the same seeds."""
+"""Where an RL step's episodes run (`rollout.backend`): in this process, spread over Ray rollout workers
+(`pipelines/ray_rollout.py`, imported only when chosen; both give the same trajectories for the same seeds), or
+on a vLLM engine in this process (`pipelines/vllm_rollout.py`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def run_rollout(c: Components, tasks: Sequence[Task], group_size: int, *, sampli
             c.rollout_runner = RayRollout(c.config, c.model_dir)
         c.rollout_runner.sync_weights(policy_version, c.loaded.model.state_dict() if weights is None else weights)
         return c.rollout_runner.run(tasks, group_size, sampling=sampling, step=step)
+    if c.config.rollout.backend == "vllm":
+        if c.rollout_runner is None:
+            from agentgrad.pipelines.vllm_rollout import VLLMRollout
+
+            c.rollout_runner = VLLMRollout(c.config, c.model_dir, c.loaded.eos_token_ids, c.run_dir or ".")
+        c.rollout_runner.sync_weights(policy_version, c.loaded.model.state_dict() if weights is None else weights)
+        return c.rollout_runner.run(c.codec, c.suite, tasks, group_size, sampling=sampling, step=step,
+                                    limits=c.limits, sampler=c.sampler)
     policy, codec = c.policy, c.codec
     if weights is not None:
         policy, codec = sampling_replica(c)
@@ -64,7 +73,7 @@ def sampling_replica(c: Components) -> tuple[HFPolicy, ChatCodec]:
 
 
 def close_rollout(c: Components) -> None:
-    """Stop the Ray workers (and the Ray runtime the run started), if any."""
+    """Stop the Ray workers (and the Ray runtime the run started) or the vLLM engine, if any."""
     if c.rollout_runner is not None:
         c.rollout_runner.close()
         c.rollout_runner = None

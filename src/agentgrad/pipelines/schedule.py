@@ -205,9 +205,14 @@ def run_schedule(c: Components, logger: RunLogger, stages: Sequence[StageConfig]
                                                                 None))
             if rule is not None and run.schedule.algo is None:
                 run = dataclasses.replace(run, schedule=dataclasses.replace(run.schedule, algo=rule.low_algo))
-            run = run_stage(stage.algo, kind, sc, logger, run, store=store, save=save,
-                            advance=lambda p, metrics, stop, stage=stage, rule=rule: logged(
-                                logger, p, advance(p, stage, metrics, stop, rule)))
+            try:
+                run = run_stage(stage.algo, kind, sc, logger, run, store=store, save=save,
+                                advance=lambda p, metrics, stop, stage=stage, rule=rule: logged(
+                                    logger, p, advance(p, stage, metrics, stop, rule)))
+            finally:  # a rollout runner (Ray workers, a vLLM engine or server) starts on the stage's copy: the
+                runner = getattr(sc, "rollout_runner", None)  # next stage reuses it, the run's end closes it
+                if runner is not None:
+                    c.rollout_runner = runner
         taken = run.schedule.stage_step
         run = end_stage(run, index, stage, logger, stages[index + 1].algo if index + 1 < len(stages) else None)
         if on_stage_end is not None:

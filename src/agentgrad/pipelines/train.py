@@ -111,7 +111,7 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
     finally:
         logger.close()
         close_suite(c.suite)  # its sandbox pool, its MCP servers
-        close_rollout(c)  # Ray rollout workers
+        close_rollout(c)  # Ray rollout workers, a vLLM engine or server
         if hasattr(c.learner, "stop"):  # a sharded learner: its other ranks leave their loop
             c.learner.stop()
     initial, final = run.info.evals["bc"], run.info.evals["final"]
