@@ -12,6 +12,7 @@ names only `env` keeps every other default.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,8 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from agentgrad.config_sections import (
     AdaptiveConfig,
+    CriticConfig,
+    DPOConfig,
     EvalConfig,
     FaultsConfig,
     LearnerConfig,
@@ -35,6 +38,23 @@ from agentgrad.config_sections import (
 )
 
 PRESET_DIR = Path(__file__).parent / "configs"
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """YAML 1.2's booleans (true/false only): under YAML 1.1 `rollout.tool_name_mask=on` or `tool_name_mask: off`
+    would reach a field of "on"/"off"/"auto" as a bool. A bool field still takes on/off/yes/no (pydantic parses
+    those strings)."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                  list("tTfF"))
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)
 
 
 class ConfigError(ValueError):
@@ -264,30 +284,6 @@ class AlgoConfig(Section):
                                                           "at most (then train on what has signal).")
 
 
-class CriticConfig(Section):
-    model: Literal["head", "separate"] = Field("head", description="ppo's value model: a linear head on the "
-                                               "policy's (detached) hidden states, or a separate copy of the "
-                                               "policy trunk with its own head and optimizer.")
-    lr: float = Field(1e-3, gt=0, description="Value-model learning rate.")
-    value_clip: float | None = Field(0.2, ge=0, description="Clip of the value update around the rollout's "
-                                                            "values (None: plain squared error).")
-    whiten_advantages: bool = Field(True, description="Whiten GAE advantages over the batch's policy tokens.")
-
-
-class DPOConfig(Section):
-    iterations: int = Field(10, ge=0, description="Rollout/train iterations (online DPO).")
-    tasks_per_iteration: int = Field(16, gt=0, description="Tasks rolled out per iteration.")
-    samples_per_task: int = Field(8, ge=2, description="Samples per task; pairs are (success, failure) of a task.")
-    beta: float = Field(0.1, gt=0, description="DPO temperature beta (Rafailov et al. 2023).")
-    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO label smoothing.")
-    epochs: int = Field(2, gt=0, description="Passes over each iteration's pairs.")
-    batch_size_pairs: int = Field(16, gt=0, description="Pairs per optimizer step.")
-    lr: float = Field(1e-4, gt=0, description="DPO learning rate.")
-    nll_coef: float = Field(1.0, ge=0, description="Weight of an NLL term on the chosen trajectories added to the "
-                            "DPO loss (RPO, Pang et al. 2024): plain DPO lowers the chosen ones' likelihood too, "
-                            "and from a 45% start it lost 15 points of held-out success here; 0 is plain DPO.")
-
-
 class StageConfig(Section):
     algo: AlgoName = Field(..., description="Algorithm of this stage.")
     steps: int = Field(..., ge=0, description="Most steps (BC/RL steps, ReST or DPO iterations) of this stage.")
@@ -446,7 +442,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         if not key:
             raise ConfigError(f"override {item!r} has an empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = _load_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
         if "." not in key and isinstance(value, str) and _section_at([key]) is not None:
@@ -510,7 +506,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A config file's mapping; ConfigError (one line) when it is not valid YAML or not a mapping."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = _load_yaml(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
     if not isinstance(data, dict):
@@ -526,7 +522,7 @@ def suite_defaults(suite: str) -> dict[str, Any]:
     Resolving the suite here also makes a bad `env.name` a one-line config error instead of a traceback."""
     path = PRESET_DIR / "suites" / f"{suite}.yaml"
     if path.exists():
-        return yaml.safe_load(path.read_text()) or {}
+        return _load_yaml(path.read_text()) or {}
     from agentgrad.envs import SUITES  # no torch: envs never import it
     from agentgrad.registry import ImportRefError, UnknownNameError
 

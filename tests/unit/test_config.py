@@ -74,3 +74,14 @@ def test_config_command_shows_the_values_train_uses():
     assert train_defaults.algo.steps != Config().algo.steps  # the preset really differs
     out = CliRunner().invoke(app, ["config", "algo.steps=7"]).output
     assert "algo.steps = 7" in out
+
+
+def test_on_and_off_reach_a_three_way_field_as_words_not_booleans(tmp_path):
+    # YAML 1.1 reads `on`/`off` as booleans; tool_name_mask is "auto" | "on" | "off", so the override and the
+    # preset must keep them as words, while a bool field still takes on/off (pydantic parses the strings).
+    config = build_config("tiny-cpu", ["rollout.tool_name_mask=on", "run.progress=off"])
+    assert config.rollout.tool_name_mask == "on" and config.run.progress is False
+    preset = tmp_path / "p.yaml"
+    preset.write_text("rollout:\n  tool_name_mask: off\nrun:\n  progress: yes\n")
+    config = build_config(str(preset))
+    assert config.rollout.tool_name_mask == "off" and config.run.progress is True
