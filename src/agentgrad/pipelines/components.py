@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from agentgrad.backends.hf import HFPolicy, TorchLearner
+from agentgrad.backends.precision import resolve_compute_dtype
 from agentgrad.config import Config, ModelConfig
 from agentgrad.envs import TaskSuite
 from agentgrad.envs import make_suite as build_suite
@@ -243,8 +244,11 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
+    compute = resolve_compute_dtype(config.model.compute_dtype, config.model.device)
+    if config.model.compute_dtype != "fp32":
+        display.print(compute.note)
     learner = TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip,
-                           tool_head=head)
+                           tool_head=head, compute=compute)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
                       limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,
