@@ -184,6 +184,9 @@ class BCConfig(Section):
                             "until a check sees any success; from then on every step (BC's phase change takes the "
                             "tiny model from 0% to 80% validation success within ~10 steps).")
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
+    probe_tasks: int | None = Field(None, gt=0, description="Until a check sees any success: check this many "
+                                    "tasks first, and run the full eval_tasks check only when they show a "
+                                    "success (cheaper checks on BC's plateau). None: every check is full.")
     stop_window: int = Field(2, gt=0, description="Validation checks averaged by the stop rule: BC stops once the "
                              "mean of the last stop_window checks reaches stop_at_success, so one lucky check of "
                              "eval_tasks tasks does not decide where RL starts.")
