@@ -1,8 +1,9 @@
 """bf16 learner vs fp32 sampler: the train/inference logprob mismatch it adds, and the RL update's speed.
 
     python benchmarks/bf16_mismatch.py --steps 3 --repeats 5
+    python benchmarks/bf16_mismatch.py --bc-steps 70      # a policy about where BC hands over to RL
 
-The default model after 150 BC steps (benchmarks/_common.py) samples GRPO groups (fp32, the rollout temperature,
+The default model after --bc-steps BC steps (benchmarks/_common.py) samples GRPO groups (fp32, the rollout temperature,
 logprobs recorded) as an RL step would; the learner then scores them (fp32 and bf16 autocast) and the mismatch
 monitor's statistics (`algos.mismatch.mismatch_stats`, what `mismatch.monitor=true` logs) are printed for each:
 mean and max |log pi_learner - log mu_sampler| over the policy tokens, and the 1%/99% quantiles of the ratio.
@@ -32,9 +33,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="RL steps' worth of rollouts to score")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--bc-steps", type=int, default=150, help="BC steps of the sampling model (fewer: less sure)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    model = bc_model_dir()
+    model = bc_model_dir(args.bc_steps)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
-from agentgrad.backends.precision import ComputeDtype
+from agentgrad.backends.precision import FP32, ComputeDtype
 from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden
 from agentgrad.backends.shared_prefix import (
     LeanForward,
@@ -99,6 +99,8 @@ def length_buckets(lengths: torch.Tensor, max_buckets: int) -> list[torch.Tensor
 class TorchLearner:
     """AdamW on a (colocated) model. `step` skips updates whose gradients are not finite and says so."""
 
+    compute = FP32  # the forward's autocast (model.compute_dtype); subclasses that skip __init__ keep fp32
+
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4,
                  tool_head: torch.nn.Module | None = None, compute: ComputeDtype | None = None) -> None:
@@ -106,7 +108,7 @@ class TorchLearner:
         the head decisions of batches that carry them (`TokenBatch.head`). `compute`: the forward's autocast
         (`model.compute_dtype`; None: fp32)."""
         self.model = model
-        self.compute = compute or ComputeDtype(None, "cpu", "learner computes in fp32")
+        self.compute = compute or FP32
         self.tool_head = tool_head
         self.max_buckets = max_buckets
         self.lean = LeanForward(model) if LeanForward.supports(model) else None

@@ -54,12 +54,15 @@ class ComputeDtype:
             yield
 
 
+FP32 = ComputeDtype(None, "cpu", "learner computes in fp32")
+
+
 def resolve_compute_dtype(choice: str, device: str, flags: set[str] | None = None) -> ComputeDtype:
     """`choice` is fp32, bf16 or auto. auto picks bf16 on a CUDA device that supports it and on a CPU with
     avx512_bf16 or amx_bf16, fp32 elsewhere; bf16 is honoured everywhere (with a note where it is emulated)."""
     device_type = torch.device(device).type
     if choice == "fp32":
-        return ComputeDtype(None, device_type, "learner computes in fp32")
+        return FP32
     if device_type == "cuda":
         native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         where = "this GPU"
