@@ -1,7 +1,7 @@
 """BC step time by compute dtype and prefix sharing, on the default run's model and demos, interleaved.
 
     python benchmarks/bc_step_speed.py --repeats 20          # fp32 / bf16 x plain / shared prefix
-    python benchmarks/bc_step_speed.py --validation 6        # also time one validation check (bc.eval_tasks)
+    python benchmarks/bc_step_speed.py --validation 6        # also time full and probe validation checks
 
 Every variant takes the same minibatches (the same demos in the same order) from one copy of the model, one
 step each in turn, so machine load hits all alike. Reported: median wall and CPU time per step (with their
@@ -40,7 +40,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--bc-steps", type=int, default=30, help="BC steps before timing (mid-training weights)")
-    ap.add_argument("--validation", type=int, default=0, help="also time this many validation checks per variant")
+    ap.add_argument("--validation", type=int, default=0, help="also time this many full and probe validation checks")
+    ap.add_argument("--probe-tasks", type=int, default=16, help="the probe's size (bc.probe_tasks)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,12 +81,17 @@ def main() -> None:
                   f" {1e3 * median(cpu[name]):8.1f} {base / median(cpu[name]):13.2f}x {losses[name]:10.6f}")
         if args.validation:
             c.loaded.model.load_state_dict(state)
-            times = []
+            sizes = {"full": c.config.bc.eval_tasks, "probe": args.probe_tasks}
+            times = {k: [] for k in sizes}
+            seen = {}
             for _ in range(args.validation):
-                p0 = time.process_time()
-                validation_success(c)
-                times.append(time.process_time() - p0)
-            print(f"one validation check ({c.config.bc.eval_tasks} tasks, greedy): {median(times):.3f} s CPU")
+                for k, n in sizes.items():
+                    p0 = time.process_time()
+                    seen[k] = validation_success(c, n)
+                    times[k].append(time.process_time() - p0)
+            for k, n in sizes.items():
+                print(f"validation check, {k} ({n} tasks, greedy): {median(times[k]):.3f} s CPU "
+                      f"({min(times[k]):.3f}-{max(times[k]):.3f}), success {seen[k]:.0%}")
 
 
 def shared_prefix_tokens(batch) -> int:
