@@ -12,7 +12,7 @@ def test_auto_picks_bf16_only_where_the_cpu_has_bf16_arithmetic():
     assert resolve_compute_dtype("auto", "cpu", {"avx512f", "avx512_bf16"}).dtype is torch.bfloat16
     assert resolve_compute_dtype("auto", "cpu", {"amx_tile", "amx_bf16"}).dtype is torch.bfloat16
     plain = resolve_compute_dtype("auto", "cpu", {"avx2", "avx512f"})
-    assert plain.dtype is None and "fp32" in plain.note and "no CPU" in plain.note
+    assert plain.dtype is None and "fp32" in plain.note and "has no bf16" in plain.note
     assert resolve_compute_dtype("fp32", "cpu", {"amx_bf16"}).dtype is None
     forced = resolve_compute_dtype("bf16", "cpu", {"avx2"})  # honoured, with a warning that it is emulated
     assert forced.dtype is torch.bfloat16 and forced.note.startswith("warning:")

@@ -73,7 +73,7 @@ def resolve_compute_dtype(choice: str, device: str, flags: set[str] | None = Non
         return ComputeDtype(torch.bfloat16, device_type, f"learner computes in bf16 (autocast, fp32 master "
                                                          f"weights): {where} has bf16 arithmetic")
     if choice == "auto":
-        return ComputeDtype(None, device_type, f"model.compute_dtype=auto: learner computes in fp32, as "
-                                               f"{where.replace('this', 'no')} bf16 arithmetic was found")
+        return ComputeDtype(None, device_type, f"model.compute_dtype=auto: learner computes in fp32: {where} "
+                                               f"has no bf16 arithmetic")
     return ComputeDtype(torch.bfloat16, device_type, f"warning: model.compute_dtype=bf16 but {where} lacks bf16 "
                                                      f"arithmetic: bf16 is emulated and likely slower than fp32")
