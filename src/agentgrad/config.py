@@ -66,6 +66,11 @@ class ModelConfig(Section):
                                                "renders tools; empty builds the embedded tiny model.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     device: str = Field("cpu", description="torch device for policy and learner (cpu, cuda, cuda:1, ...).")
+    compute_dtype: Literal["fp32", "bf16", "auto"] = Field("fp32", description="The learner's forward and "
+                                                           "backward (BC and RL updates): fp32, or bf16 autocast "
+                                                           "over fp32 weights; auto picks bf16 where the CPU has "
+                                                           "avx512_bf16/amx_bf16 (or the GPU bf16), fp32 elsewhere. "
+                                                           "Sampling stays fp32 (docs/learning.md \"bf16\").")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     chat_template: str = Field("auto", description="Chat template: auto (the model's own; a Qwen3 template, which "
@@ -209,6 +214,9 @@ class BCConfig(Section):
                             "until a check sees any success; from then on every step (BC's phase change takes the "
                             "tiny model from 0% to 80% validation success within ~10 steps).")
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
+    probe_tasks: int | None = Field(None, gt=0, description="Until a check sees any success: check this many "
+                                    "tasks first, and run the full eval_tasks check only when they show a "
+                                    "success (cheaper checks on BC's plateau). None: every check is full.")
     stop_window: int = Field(2, gt=0, description="Validation checks averaged by the stop rule: BC stops once the "
                              "mean of the last stop_window checks reaches stop_at_success, so one lucky check of "
                              "eval_tasks tasks does not decide where RL starts.")
@@ -218,6 +226,8 @@ class BCConfig(Section):
                                         "took validation success from 27% to 60%).")
     keep_best: bool = Field(True, description="When BC uses all bc.steps without reaching stop_at_success, hand on "
                             "the weights of its best validation check (by the same smoothed signal), not the last.")
+    shared_prefix: bool = Field(False, description="Run the prefix all demos of a BC batch share (system prompt "
+                                "and tool list) once per batch, not once per demo: the same loss, fewer tokens.")
     head_loss_coef: float = Field(1.0, ge=0, description="Weight of the factored head's loss (mean NLL of the "
                                   "expert's tool per call) added to the token loss; rollout.action_head=factored only.")
 

@@ -57,9 +57,9 @@ def _run(monkeypatch, script, *overrides):
         c.loaded.model.weight.data.fill_(float(step + 1))
         return {"loss/bc": 0.0, "perf/policy_tokens": 1.0}
 
-    def fake_validation(c):
-        checked.append(step_box["step"])
-        return script(step_box["step"])
+    def fake_validation(c, num_tasks=None):
+        checked.append(step_box["step"] if num_tasks is None else (step_box["step"], num_tasks))
+        return script(step_box["step"]) if num_tasks is None else script(step_box["step"], num_tasks)
 
     monkeypatch.setattr(bc, "bc_step", fake_step)
     monkeypatch.setattr(bc, "validation_success", fake_validation)
@@ -95,3 +95,21 @@ def test_a_bc_that_never_gets_there_hands_on_its_best_check_and_warns_at_half_bu
     assert c.loaded.model.weight.item() == 11.0
     assert any(line.startswith("warning: BC is at step 10 of 20") for line in printed), printed
     assert any("RL starts from its best check (step 11, 10%)" in line for line in printed), printed
+
+
+def test_probes_stand_for_checks_on_the_plateau_and_a_probe_that_sees_success_is_redone_in_full(monkeypatch):
+    """bc.probe_tasks=16: before any success each check is a 16-task probe; a probe that sees a success is
+    replaced by a full check (num_tasks None: bc.eval_tasks), and from then on every check is full."""
+    def script(step, num_tasks=None):
+        success = max(0.0, (step - 9) * 0.1)  # the phase change of the test above
+        return 0.0 if (step, num_tasks) == (12, 16) else success  # the probe at 12 is unlucky: sees nothing
+
+    steps, checked, sink, _, c = _run(monkeypatch, script, "bc.steps=100", "bc.eval_every=4",
+                                      "bc.stop_at_success=0.3", "bc.stop_window=2", "bc.probe_tasks=16")
+    # 4, 8, 12: probes see 0 (at 12 by bad luck: a full check would have seen 0.3); 16: the probe sees 0.7, so a
+    # full check at 16 (0.7) is what the rule records: the mean of (0.0, 0.7), 0.35, stops. (The unlucky probe
+    # cost the slow-down: the test above stops at 13 with 0.4.)
+    assert checked == [(4, 16), (8, 16), (12, 16), (16, 16), 16] and steps == 16
+    recorded = [m["eval/bc_validation_success"] for _, m in sink.rows if "eval/bc_validation_success" in m]
+    assert recorded == pytest.approx([0.0, 0.0, 0.0, 0.7])
+    assert c.lr_scales == [1.0] * 16

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
+from agentgrad.backends.precision import FP32, ComputeDtype
 from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden
 from agentgrad.backends.shared_prefix import (
     LeanForward,
@@ -98,12 +99,16 @@ def length_buckets(lengths: torch.Tensor, max_buckets: int) -> list[torch.Tensor
 class TorchLearner:
     """AdamW on a (colocated) model. `step` skips updates whose gradients are not finite and says so."""
 
+    compute = FP32  # the forward's autocast (model.compute_dtype); subclasses that skip __init__ keep fp32
+
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4,
-                 tool_head: torch.nn.Module | None = None) -> None:
+                 tool_head: torch.nn.Module | None = None, compute: ComputeDtype | None = None) -> None:
         """`tool_head` (a factored action head) is trained by the same optimizer and gradient clip, and scores
-        the head decisions of batches that carry them (`TokenBatch.head`)."""
+        the head decisions of batches that carry them (`TokenBatch.head`). `compute`: the forward's autocast
+        (`model.compute_dtype`; None: fp32)."""
         self.model = model
+        self.compute = compute or FP32
         self.tool_head = tool_head
         self.max_buckets = max_buckets
         self.lean = LeanForward(model) if LeanForward.supports(model) else None
@@ -117,8 +122,13 @@ class TorchLearner:
         """Per-token logprobs (B, T). Rows are run in length buckets (`length_buckets`): a rollout batch mixes
         short and long episodes, and one padded forward wasted ~40% of its tokens on padding (measured).
         Rows of one group (`group_index`) that share a prefix (GRPO's samples of one prompt) run it once
-        (`backends.shared_prefix`); batches without such rows (BC) take the plain forward."""
+        (`backends.shared_prefix`); batches without such rows (BC) take the plain forward. Under
+        `model.compute_dtype=bf16` the forward (and so the backward) autocasts; logprobs come back fp32."""
         self.model.train()
+        with self.compute.autocast():
+            return self._logprobs(batch, temperature)
+
+    def _logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
         if batch.head is not None and self.tool_head is not None:
             return self._logprobs_with_head(batch, temperature)
         plan = plan_shared_prefixes(batch) if self.lean is not None else None
@@ -154,9 +164,10 @@ class TorchLearner:
         """Per-token logprobs (B, T) and the hidden states at (rows[d], positions[d]): (D, H). One forward over
         the whole batch (no length buckets): for BC of a factored head, whose demos are of similar length."""
         self.model.train()
-        lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
-                                               batch.logit_masks)
-        return lp, hidden[rows, positions]
+        with self.compute.autocast():
+            lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
+                                                   batch.logit_masks)
+        return lp, hidden[rows, positions].float()
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:

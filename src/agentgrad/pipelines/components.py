@@ -13,6 +13,7 @@ import torch
 
 from agentgrad.backends.base import Learner
 from agentgrad.backends.hf import HFPolicy, TorchLearner
+from agentgrad.backends.precision import ComputeDtype, resolve_compute_dtype
 from agentgrad.config import Config, ModelConfig
 from agentgrad.envs import TaskSuite
 from agentgrad.envs import make_suite as build_suite
@@ -223,11 +224,13 @@ def inference(loaded: LoadedModel, model: ModelConfig | None = None, *,
     return policy, chat_codec(loaded, model)
 
 
-def make_learner(config: Config, loaded: LoadedModel, path: str, head: FactoredToolHead | None) -> Learner:
+def make_learner(config: Config, loaded: LoadedModel, path: str, head: FactoredToolHead | None,
+                 compute: ComputeDtype) -> Learner:
     """learner.backend=torch: AdamW on the model generation uses. fsdp/deepspeed: a sharded copy of it, the
     other ranks following (backends/distributed.py), weights synced into `loaded.model` after every update."""
     if config.learner.backend == "torch":
-        return TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip, tool_head=head)
+        return TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip, tool_head=head,
+                            compute=compute)
     from agentgrad.backends.distributed import ShardedLearner, ShardedSpec
     from agentgrad.pipelines.launch import init_processes, uses_cuda
 
@@ -261,7 +264,10 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
-    learner = make_learner(config, loaded, str(path), head)
+    compute = resolve_compute_dtype(config.model.compute_dtype, config.model.device)
+    if config.model.compute_dtype != "fp32":
+        display.print(compute.note)
+    learner = make_learner(config, loaded, str(path), head, compute)
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
                       limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,

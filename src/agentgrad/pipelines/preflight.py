@@ -84,7 +84,9 @@ def check_learner(config: Config) -> None:
     unsupported = [
         (config.model.lora.r > 0, "model.lora.r > 0 (LoRA): use learner.backend=torch"),
         (config.rollout.action_head != "tokens", "rollout.action_head=factored: use rollout.action_head=tokens"),
-        (config.rollout.backend != "local", "rollout.backend=ray: use rollout.backend=local"),
+        (config.rollout.backend != "local", f"rollout.backend={config.rollout.backend}: use rollout.backend=local"),
+        (config.model.compute_dtype != "fp32",
+         f"model.compute_dtype={config.model.compute_dtype} (sharded learners run fp32): set it to fp32"),
         (config.rollout.max_staleness > 0, "rollout.max_staleness > 0: set it to 0"),
         (learner.backend == "deepspeed" and config.run.checkpoint_every > 0,
          "run.checkpoint_every > 0 (DeepSpeed checkpoints are not wired): set it to 0, or use learner.backend=fsdp"),
