@@ -29,19 +29,9 @@ from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines import rl
 from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.train import held_out
+from agentgrad.sinks import MemorySink
 
 TASKS, GROUP = 16, 4
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.records: list[dict] = []
-
-    def write(self, step, stage, metrics) -> None:
-        self.records.append(dict(metrics))
-
-    def close(self) -> None:
-        pass
 
 
 def rollout_rows(model_dir: Path, repeats: int, skip_ray: bool, work: Path) -> list[tuple[str, ...]]:
@@ -93,11 +83,11 @@ def async_rows(model_dir: Path, steps: int, eval_tasks: int, work: Path) -> list
         config = bench_config([f"model.path={model_dir}", f"algo.steps={steps}", f"rollout.max_staleness={k}",
                                f"eval.num_tasks={eval_tasks}"])
         c = build_components(config, work / f"async{k}")
-        sink = _Sink()
+        sink = MemorySink()
         t0 = time.perf_counter()
         rl.run_rl(c, RunLogger([sink], ProgressDisplay(enabled=False)))
         wall = time.perf_counter() - t0
-        step_s = [r["perf/step_s"] for r in sink.records]
+        step_s = [r["perf/step_s"] for r in sink.metrics]
         result = held_out(c)
         rows.append((f"max_staleness={k}", f"{statistics.median(step_s[1:] or step_s):.2f}", f"{wall:.1f}",
                      f"{result.success_rate:.1%} ({result.ci_low:.0%}-{result.ci_high:.0%})"))

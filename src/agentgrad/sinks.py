@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from agentgrad.registry import Registry
 
@@ -41,6 +41,31 @@ class SinkContext:
     run_name: str
     options: Mapping[str, Any] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
+
+
+class MetricRecord(NamedTuple):
+    step: int
+    stage: str
+    metrics: dict[str, Any]
+
+
+class MemorySink:
+    """Every record kept in memory (not a registered sink: nothing to configure), for code that reads a run's
+    metrics back in the same process: tests, benchmarks, notebooks."""
+
+    def __init__(self) -> None:
+        self.records: list[MetricRecord] = []
+
+    def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None:
+        self.records.append(MetricRecord(step, stage, dict(metrics)))
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """Each record's metrics, in order."""
+        return [r.metrics for r in self.records]
+
+    def close(self) -> None:
+        pass
 
 
 SinkFactory = Callable[[SinkContext], MetricSink]

@@ -16,6 +16,7 @@ from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
 from agentgrad.pipelines.train import held_out, train
+from agentgrad.sinks import MemorySink
 
 BC = ["algo=bc"]
 # Per-algorithm budgets: rollout batches of 8 tasks x 8 samples each (ReST: its own Grow size).
@@ -38,17 +39,6 @@ ALGOS = {
 MIN_LIFT = 0.15
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.records: list[dict] = []
-
-    def write(self, step, stage, metrics) -> None:
-        self.records.append(dict(metrics))
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def bc_start(tmp_path_factory):
     root = tmp_path_factory.mktemp("bc")
@@ -66,10 +56,10 @@ def test_algorithm_raises_heldout_success_from_bc(bc_start, algo, tmp_path):
     config = build_config(overrides=[*FAST, "bc.steps=0", f"model.path={checkpoint}", f"algo={algo}",
                                      *ALGOS[algo]])
     c = build_components(config, tmp_path)
-    sink = _Sink()
+    sink = MemorySink()
     run_alone(algo, STAGES.get(algo), c, RunLogger([sink], ProgressDisplay(enabled=False)))
     assert_lift(algo, start, held_out(c).to_dict(), min_points=MIN_LIFT)
     if algo == "ppo":  # the adaptive coefficient is logged every step and moves
-        coefs = [m["train/kl_coef"] for m in sink.records]
+        coefs = [m["train/kl_coef"] for m in sink.metrics]
         assert len(coefs) == 15 and coefs[0] == 0.05 and coefs[-1] != coefs[0], coefs
-        assert all("critic/explained_variance" in m and "rollout/kl_ref" in m for m in sink.records)
+        assert all("critic/explained_variance" in m and "rollout/kl_ref" in m for m in sink.metrics)

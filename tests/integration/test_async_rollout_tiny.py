@@ -14,6 +14,7 @@ from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines import rl
 from agentgrad.pipelines.components import build_components
+from agentgrad.sinks import MemorySink
 from agentgrad.types import RewardBreakdown
 
 pytestmark = pytest.mark.slow
@@ -27,27 +28,16 @@ def token_hash_reward(suite, **options):
     return lambda trajectory: RewardBreakdown(outcome=(sum(trajectory.token_ids) % 7) / 7)
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.records: list[dict] = []
-
-    def write(self, step, stage, metrics) -> None:
-        self.records.append(dict(metrics))
-
-    def close(self) -> None:
-        pass
-
-
 def _run(tmp_path, staleness: int):
     config = build_config(overrides=[*SHAPE, f"rollout.max_staleness={staleness}"])
     c = build_components(config, tmp_path / "run")
     start = {k: v.clone() for k, v in c.loaded.model.state_dict().items()}
-    sink, store = _Sink(), TrajectoryStore(tmp_path / "trajectories")
+    sink, store = MemorySink(), TrajectoryStore(tmp_path / "trajectories")
     rl.run_rl(c, RunLogger([sink], ProgressDisplay(enabled=False)), store)
     by_step = {}
     for r in store.records():
         by_step.setdefault(r.step, []).append(r.sample.trajectory)
-    return c, start, sink.records, by_step
+    return c, start, sink.metrics, by_step
 
 
 def _same_sampling(a, b):

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("peft", reason="the lora extra is not installed (pip install 'agentgrad[lora]')")
 
 from learning import assert_lift
-from test_algorithms_tiny import _Sink, bc_start  # noqa: F401  (bc_start: a module-scoped fixture)
+from test_algorithms_tiny import bc_start  # noqa: F401  (bc_start: a module-scoped fixture)
 from test_kill_resume import SRC, TINY, _importable_reward, agentgrad, stable_metrics  # noqa: F401
 from test_train_tiny import FAST
 
@@ -24,6 +24,7 @@ from agentgrad.pipelines.components import build_components, build_tiny_model_di
 from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
 from agentgrad.pipelines.train import held_out, train
+from agentgrad.sinks import MemorySink
 
 # Rank 8 on every projection: 14.3k trainable parameters of the FAST model's ~170k. LoRA's lr is 10x full
 # fine-tuning's (algo.lr=1e-4 there): measured on seed 0, 37.5% -> 85.5% held-out in 15 steps at 1e-3.
@@ -38,7 +39,7 @@ def test_lora_grpo_raises_heldout_success_and_leaves_the_base_alone(bc_start, tm
                                      "algo.steps=15", "algo.kl_coef=0.01", *LORA])
     c = build_components(config, tmp_path)
     base = {k: v.clone() for k, v in c.adapters.base_state_dict().items()}
-    run_alone("grpo", STAGES.get("grpo"), c, RunLogger([_Sink()], ProgressDisplay(enabled=False)))
+    run_alone("grpo", STAGES.get("grpo"), c, RunLogger([MemorySink()], ProgressDisplay(enabled=False)))
     assert_lift("lora-grpo", start, held_out(c).to_dict(), min_points=0.15)
     after = c.adapters.base_state_dict()
     assert all(torch.equal(after[k], v) for k, v in base.items())  # only the adapters moved

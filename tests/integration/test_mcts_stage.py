@@ -10,33 +10,23 @@ from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES, stage_config, stages_of
+from agentgrad.sinks import MemorySink
 
 SMALL = ["bc.steps=0", "algo=mcts", "mcts.iterations=2", "mcts.trees_per_iteration=3", "mcts.simulations=4",
          "mcts.samples_per_expansion=4", "mcts.top_k=2", "mcts.value_fit_steps=3", "mcts.sft_steps=2",
          "mcts.stop_on_success=false", "mcts.widenings=1", "eval.num_tasks=8"]
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.records: list[dict] = []
-
-    def write(self, step, stage, metrics) -> None:
-        self.records.append(dict(metrics))
-
-    def close(self) -> None:
-        pass
-
-
 def test_mcts_stage_runs_rounds_and_resumes(tmp_path):
     config = build_config(overrides=[*FAST, *SMALL])
     assert [s.algo for s in stages_of(config)] == ["bc", "mcts"] and stages_of(config)[1].steps == 2
     c = build_components(config, tmp_path)
-    sink = _Sink()
+    sink = MemorySink()
     stage = STAGES.get("mcts")
     state = stage.start(c, RunLogger([sink], ProgressDisplay(enabled=False)), 0, None)
     taken = run_alone("mcts", stage, c, RunLogger([sink], ProgressDisplay(enabled=False)), state=state)
-    assert taken == 2 and len(sink.records) == 2
-    for m in sink.records:
+    assert taken == 2 and len(sink.metrics) == 2
+    for m in sink.metrics:
         # top_k=2 per expansion, and one widening may add 2 more
         assert m["search/trees"] == 3.0 and m["search/max_children"] <= 2 * (1 + 1)
         assert m["search/simulations"] <= 4 and m["search/expanded_depth_0"] == 1.0

@@ -17,6 +17,7 @@ from agentgrad.pipelines.rl import monte_carlo_returns
 from agentgrad.pipelines.run_state import RunState, ScheduleState, Stage
 from agentgrad.pipelines.schedule import run_schedule, stages_of
 from agentgrad.registry import Registry
+from agentgrad.sinks import MemorySink
 
 RULE = AdaptiveConfig(up_at=0.15, down_at=0.05, max_zero_signal=0.5, window_steps=3)  # min_critic_ev 0
 
@@ -83,17 +84,6 @@ class _Components:
     config: object
 
 
-class _Sink:
-    def __init__(self):
-        self.records = []
-
-    def write(self, step, stage, metrics):
-        self.records.append((step, stage, dict(metrics)))
-
-    def close(self):
-        pass
-
-
 @dataclasses.dataclass
 class _Scripted:
     """A stub adaptive stage's state: the algorithm the schedule selected and the steps it ran."""
@@ -140,7 +130,7 @@ def test_scripted_stream_switches_up_and_back_at_the_hand_computed_steps_and_res
     cfg = build_config(overrides=CONFIG)
     ran = []
     _scripted_stage(monkeypatch, ran)
-    c, sink, saved = _Components(cfg), _Sink(), []
+    c, sink, saved = _Components(cfg), MemorySink(), []
     final = run_schedule(c, RunLogger([sink], ProgressDisplay(enabled=False)), stages_of(cfg),
                          save=lambda c, run, step: saved.append(run))
     assert ran == [(i, algo) for i, algo in enumerate(ALGO_PER_STEP)]  # steps numbered 0..14, BC draws none
@@ -171,7 +161,7 @@ def test_scripted_stream_switches_up_and_back_at_the_hand_computed_steps_and_res
     position = ScheduleState.from_dict(json.loads(json.dumps(mid.schedule.to_dict())))
     assert position == mid.schedule
     ran.clear()
-    resumed = run_schedule(c, RunLogger([_Sink()], ProgressDisplay(enabled=False)), stages_of(cfg),
+    resumed = run_schedule(c, RunLogger([MemorySink()], ProgressDisplay(enabled=False)), stages_of(cfg),
                            RunState(position, schedule.STAGES.get("adaptive").start(c, None, 0, {"steps": 7})))
     assert ran == [(i, algo) for i, algo in enumerate(ALGO_PER_STEP)][7:]
     assert resumed.schedule.switches == final.schedule.switches

@@ -10,17 +10,7 @@ from agentgrad.config import build_config
 from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines import bc
 from agentgrad.pipelines.bc import StopRule
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, dict]] = []
-
-    def write(self, step, stage, metrics) -> None:
-        self.rows.append((step, dict(metrics)))
-
-    def close(self) -> None:
-        pass
+from agentgrad.sinks import MemorySink
 
 
 def test_one_lucky_check_does_not_stop_and_the_mean_of_the_window_does():
@@ -65,7 +55,7 @@ def _run(monkeypatch, script, *overrides):
     monkeypatch.setattr(bc, "validation_success", fake_validation)
     config = build_config(overrides=["run.progress=false", *overrides])
     c = SimpleNamespace(config=config, loaded=SimpleNamespace(model=torch.nn.Linear(1, 1, bias=False)))
-    sink = _Sink()
+    sink = MemorySink()
     printed: list[str] = []
     display = ProgressDisplay(enabled=False)
     monkeypatch.setattr(display, "print", printed.append)
@@ -110,6 +100,6 @@ def test_probes_stand_for_checks_on_the_plateau_and_a_probe_that_sees_success_is
     # full check at 16 (0.7) is what the rule records: the mean of (0.0, 0.7), 0.35, stops. (The unlucky probe
     # cost the slow-down: the test above stops at 13 with 0.4.)
     assert checked == [(4, 16), (8, 16), (12, 16), (16, 16), 16] and steps == 16
-    recorded = [m["eval/bc_validation_success"] for _, m in sink.rows if "eval/bc_validation_success" in m]
+    recorded = [m["eval/bc_validation_success"] for _, _, m in sink.records if "eval/bc_validation_success" in m]
     assert recorded == pytest.approx([0.0, 0.0, 0.0, 0.7])
     assert c.lr_scales == [1.0] * 16

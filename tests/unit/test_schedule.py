@@ -14,6 +14,7 @@ from agentgrad.pipelines import rl, schedule
 from agentgrad.pipelines.run_state import RunInfo, RunState, ScheduleState, Stage
 from agentgrad.pipelines.schedule import run_schedule, should_switch, stage_config, stages_of
 from agentgrad.registry import Registry
+from agentgrad.sinks import MemorySink
 from agentgrad.types import RewardBreakdown, ScoredTrajectory, StopReason, Task, Trajectory, TrajectoryGroup
 
 
@@ -66,17 +67,6 @@ class _Components:
     config: object
 
 
-class _Sink:
-    def __init__(self):
-        self.records = []
-
-    def write(self, step, stage, metrics):
-        self.records.append((step, stage, dict(metrics)))
-
-    def close(self):
-        pass
-
-
 @dataclasses.dataclass
 class _Count:
     """A stub stage's state: the steps it ran since it was built or loaded."""
@@ -124,7 +114,7 @@ def test_schedule_switches_on_rolling_success_logs_it_and_resumes(monkeypatch):
     success = {"bc": [0, 0], "grpo": [0.0, 0.1, 0.1, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9], "ppo": [0.5] * 3}
     calls = []
     _fake_stages(monkeypatch, success, calls)
-    sink = _Sink()
+    sink = MemorySink()
     c = _Components(cfg)
     saved = []
     final = run_schedule(c, RunLogger([sink], ProgressDisplay(enabled=False)), stages,
@@ -154,7 +144,7 @@ def test_schedule_switches_on_rolling_success_logs_it_and_resumes(monkeypatch):
     mid = RunState(ScheduleState(stage_index=1, stage_step=2, global_step=0, window=(0.1,)),
                    schedule.STAGES.get("grpo").start(c, None, 0, {"steps": 2}))
     success["grpo"] = [0.0, 0.0, 0.3, 0.3] + [0.0] * 6
-    resumed = run_schedule(c, RunLogger([_Sink()], ProgressDisplay(enabled=False)), stages, mid)
+    resumed = run_schedule(c, RunLogger([MemorySink()], ProgressDisplay(enabled=False)), stages, mid)
     assert calls[1] == ("grpo", 2)
     assert [(s.algo, s.stage_steps) for s in resumed.schedule.switches] == [("grpo", 3), ("ppo", 3)]
 
@@ -170,7 +160,7 @@ def test_a_stage_that_stopped_before_its_save_is_not_run_again_on_resume(monkeyp
     stopped = RunState(ScheduleState(stage_index=0, stage_step=3, window=(1.0,), stopped=True, by_condition=True),
                        schedule.STAGES.get("grpo").start(None, None, 0, {"steps": 3}))
     calls.clear()
-    out = run_schedule(_Components(cfg), RunLogger([_Sink()], ProgressDisplay(enabled=False)), stages, stopped)
+    out = run_schedule(_Components(cfg), RunLogger([MemorySink()], ProgressDisplay(enabled=False)), stages, stopped)
     assert [x for x in calls if x[0] == "grpo"] == []
     assert [(s.algo, s.stage_steps, s.by_condition, s.at_step) for s in out.schedule.switches] == [
         ("grpo", 3, True, 3), ("ppo", 1, False, 4)]
