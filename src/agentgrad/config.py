@@ -190,6 +190,15 @@ class BCConfig(Section):
                             "the weights of its best validation check (by the same smoothed signal), not the last.")
     head_loss_coef: float = Field(1.0, ge=0, description="Weight of the factored head's loss (mean NLL of the "
                                   "expert's tool per call) added to the token loss; rollout.action_head=factored only.")
+    head_grad: Literal["attached", "detached"] = Field("detached", description="Whether the factored head's "
+                                                       "losses (BC's NLL, and RL's policy gradient) reach the LM: "
+                                                       "detached (the head is a probe on the LM's hidden states) or "
+                                                       "attached (its gradient also trains the LM; measured to "
+                                                       "damage it, docs/action-space.md).")
+    lm_learns_names: bool = Field(True, description="Under rollout.action_head=factored, keep each expert call's "
+                                  "name tokens in the LM's BC loss: the LM learns to write the names, which trains "
+                                  "the hidden state the head reads; at rollout the head still chooses them. False: "
+                                  "the names leave the LM's loss (loss_mask 0).")
 
 
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "rest", "dpo", "mcts", "bc")

@@ -244,7 +244,7 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.
     learner = TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip,
-                           tool_head=head)
+                           tool_head=head, head_detached=config.bc.head_grad == "detached")
     return Components(config=config, suite=suite, loaded=loaded, codec=codec, policy=policy, learner=learner,
                       reward_fn=load_reward(config.reward.name, suite, **config.reward.options),
                       limits=episode_limits(config), sampler=sampler_settings(config), tool_head=head,
