@@ -199,3 +199,39 @@ def test_a_detached_head_learns_without_changing_the_lms_bc(loaded_tiny, codec):
     assert all(torch.equal(a, b) for a, b in zip(without, detached))
     assert max(float((a - b).abs().max()) for a, b in zip(without, attached)) > 1e-3
     assert last < first - 0.5  # the head's NLL of the expert's tool falls (from ~log 150 = 5.0 at the start)
+
+
+def test_the_kl_term_scores_head_decisions_with_a_frozen_reference_head(loaded_tiny, codec):
+    """With algo.kl_coef > 0, RL freezes the head beside the reference model as the stage starts; each decision's
+    reference logprob is that head's log p(category) + log p(tool | category) on the reference's hidden state.
+    At the start it equals the behaviour logprob the rollout recorded; after the policy's head moves, the
+    reference's stays while the learner's changes (before: the behaviour logprob stood in for the reference)."""
+    from types import SimpleNamespace
+
+    from agentgrad.config import build_config
+    from agentgrad.pipelines.rl import add_reference, start_rl
+
+    head, policy, suite, force = _setup(loaded_tiny, codec)
+    tasks = suite.sample_tasks(6, split="train", seed=2)
+    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS, sampler=FACTORED,
+                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force)
+    model = copy.deepcopy(loaded_tiny.model)
+    head = copy.deepcopy(head)
+    c = SimpleNamespace(config=build_config(overrides=["algo.kl_coef=0.1", "rollout.action_head=factored",
+                                                     "rollout.temperature=1.0"]),
+                        tool_head=head, loaded=SimpleNamespace(model=model),
+                        frozen_reference=lambda: copy.deepcopy(model).eval().requires_grad_(False))
+    state = start_rl(c)
+    assert state.reference_head is not None and state.reference_head is not head
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_tools=head.tool_names)
+    at = (batch.head.row, batch.head.score_position)
+    ref = add_reference(c, state, batch).ref_logprobs  # (B, T)
+    torch.testing.assert_close(ref[at], batch.old_logprobs[at], atol=1e-4, rtol=0)
+    learner = TorchLearner(model, lr=5e-2, tool_head=head)
+    for _ in range(3):  # raise the sampled decisions' logprobs: the policy's head moves away from the reference
+        learner.step(-learner.logprobs(batch)[at].sum())  # (scored at the rollout temperature, 1)
+    moved = learner.logprobs(batch)[at].detach()
+    after = add_reference(c, state, batch).ref_logprobs[at]
+    torch.testing.assert_close(after, ref[at], atol=1e-4, rtol=0)
+    assert (moved - after).abs().min() > 0.1  # the KL term now sees the head's drift at every decision
+    assert state.state_dict()["reference_head"] is not None

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
-from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden
+from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden, with_head_decisions
 from agentgrad.backends.shared_prefix import (
     LeanForward,
     plan_shared_prefixes,
@@ -150,10 +150,8 @@ class TorchLearner:
         at sampling) at its score position, recomputed from the hidden state the head read. One forward."""
         lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
                                                batch.logit_masks)  # (B, T), (B, T, H)
-        h = batch.head
-        read = hidden[h.row, h.position]  # (D, H)
-        logp = self.tool_head(read.detach() if self.head_detached else read, h.legal, temperature)  # (D, N)
-        return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
+        return with_head_decisions(lp, hidden.detach() if self.head_detached else hidden, self.tool_head, batch,
+                                   temperature)
 
     def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,
                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
