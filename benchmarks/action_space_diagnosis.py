@@ -11,6 +11,7 @@ Reported per arm every --every steps: the LM's token NLL on held-out demos (the 
 tool accuracy on them, and at the end greedy held-out success with the LM writing the names itself.
 
     PYTHONPATH=src nice -n 19 python benchmarks/action_space_diagnosis.py --steps 600 --arms tokens,attached,detached
+    PYTHONPATH=src python benchmarks/action_space_diagnosis.py --grad-scale --arms ""   (the gradient scale only)
 """
 
 from __future__ import annotations
@@ -57,6 +58,32 @@ def measure(c, held, plain_masks) -> tuple[float, float]:
     lp, hidden = c.learner.logprobs_and_hidden(batch, d.row, d.position)
     acc = (c.tool_head(hidden, d.legal).argmax(-1) == d.tool).float().mean()
     return float(sft_loss(lp, mask)), float(acc)
+
+
+def gradient_scale(args, model_dir: Path, run_dir: Path) -> None:
+    """At the start of BC, on one minibatch: the norm of the gradient the LM's weights get from the token loss
+    and from the head's loss (attached), over all of them and for the embeddings and the final norm."""
+    c = components(args, model_dir, run_dir, "factored")
+    picked = expert_demos(c, args.batch, seed=args.seed + 1)
+    batch = collate(picked, pad_token_id=c.pad_token_id)
+    d = collate_head(picked, c.tool_head.tool_names)
+    c.learner.head_detached = False
+    names, params = zip(*c.loaded.model.named_parameters())
+    lp, hidden = c.learner.logprobs_and_hidden(batch, d.row, d.position)
+    token = torch.autograd.grad(sft_loss(lp, batch.loss_mask), params, retain_graph=True, allow_unused=True)
+    head = torch.autograd.grad(c.tool_head.bc_loss(hidden, d.legal, d.tool), params, allow_unused=True)
+
+    def final(name: str) -> bool:
+        return name.endswith("model.norm.weight")
+
+    def norm(grads, keep=lambda n: True):
+        return float(sum((g.float() ** 2).sum() for n, g in zip(names, grads) if g is not None and keep(n)) ** 0.5)
+
+    print(f"gradient scale at the start ({int(batch.loss_mask.sum())} LM tokens in the loss, {len(d.row)} head "
+          f"decisions): |grad| of the LM's weights from the token loss {norm(token):.3f}, from the head's loss "
+          f"{norm(head):.3f}; embeddings {norm(token, lambda n: 'embed' in n):.3f} vs "
+          f"{norm(head, lambda n: 'embed' in n):.3f}; final norm {norm(token, final):.3f} vs {norm(head, final):.3f}",
+          flush=True)
 
 
 def arm(mode: str, args, model_dir: Path, run_dir: Path) -> dict:
@@ -111,6 +138,7 @@ def main() -> None:
     p.add_argument("--eval-tasks", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default="tokens,attached,detached")
+    p.add_argument("--grad-scale", action="store_true", help="first print the two losses' gradient norms")
     p.add_argument("--model-dir", default="", help="reuse a base model dir (built here if empty)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -119,7 +147,9 @@ def main() -> None:
         if model_dir is None or not model_dir.exists():
             base = build_config(overrides=["env=api-catalog", *MODEL, f"run.seed={args.seed}"])
             model_dir = build_tiny_model_dir(base, make_suite(base), model_dir or Path(tmp) / "base")
-        for mode in args.arms.split(","):
+        if args.grad_scale:
+            gradient_scale(args, model_dir, Path(tmp) / "grad")
+        for mode in filter(None, args.arms.split(",")):
             args.head_grad = {"attached": "attached", "detached": "detached"}.get(mode, "")
             arm(mode, args, model_dir, Path(tmp) / mode)
 
