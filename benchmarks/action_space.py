@@ -5,7 +5,8 @@ demonstrations with the same seed, steps, batch and learning rate, and are evalu
 held-out tasks through the same agent loop and engine. The only difference is `rollout.action_head`:
 - tokens:   the LM writes the tool name, token by token, under the env's mask (rollout.tool_name_mask=auto);
 - factored: two heads on the hidden state at the call position choose category then tool over the legal set;
-            the name's tokens are written in (not sampled, not in the LM's loss); BC trains the head beside the LM.
+            the name's tokens are written in (not sampled). BC trains the head on the LM's hidden states, detached
+            (bc.head_grad), and the LM still learns the names (bc.lm_learns_names); both switchable.
 Reported per arm: held-out greedy success (Wilson 95% CI), tokens the LM sampled per call turn, head decisions
 per call, calls per episode, and wall time of BC and of the evaluation.
 
@@ -45,7 +46,8 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     config = build_config(overrides=[
         "env=api-catalog", *kinds_override(args), *MODEL, f"model.path={model_dir}", f"rollout.action_head={head}",
         f"bc.steps={args.bc_steps}", f"bc.batch_size_episodes={args.batch}", f"bc.num_demos={args.demos}",
-        "bc.stop_at_success=null", f"bc.lr={args.lr}", f"bc.head_loss_coef={args.head_loss_coef}", "run.threads=1",
+        "bc.stop_at_success=null", f"bc.lr={args.lr}", f"bc.head_loss_coef={args.head_loss_coef}",
+        f"bc.head_grad={args.head_grad}", f"bc.lm_learns_names={args.lm_learns_names}", "run.threads=1",
         "run.progress=false", f"run.seed={args.seed}"])
     c = build_components(config, run_dir)
     demos = expert_demos(c, args.demos, seed=args.seed + 1)  # the same tasks in both arms
@@ -56,7 +58,12 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     t0 = time.perf_counter()
     run_bc(c, RunLogger([], ProgressDisplay(enabled=False)), demos=demos)
     bc_s = time.perf_counter() - t0
+    return {"mode": mode, **held_out_measures(c, args, diagnose=mode == "factored+names"),
+            "bc_s": bc_s}
 
+
+def held_out_measures(c, args: argparse.Namespace, *, diagnose: bool = False) -> dict[str, float]:
+    """Greedy held-out success and the per-call measures of the policy `c` (its own rollout.action_head)."""
     tasks = c.suite.sample_tasks(args.eval_tasks, split="heldout", seed=args.seed)
 
     def rollouts(sampler):
@@ -67,7 +74,7 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
     t0 = time.perf_counter()
     trajs = rollouts(c.sampler)
     eval_s = time.perf_counter() - t0
-    if mode == "factored+names":  # the same LM writing the names itself: is it the head or the LM that fails?
+    if diagnose:  # the same LM writing the names itself: is it the head or the LM that fails?
         alone = rollouts(dataclasses.replace(c.sampler, action_head="tokens"))
         print(f"factored+names, names written by the LM instead of the head: held-out success "
               f"{sum(c.suite.verify(t.task, t.final_answer) for t in alone)}/{len(alone)}")
@@ -81,11 +88,10 @@ def arm(mode: str, args: argparse.Namespace, model_dir: Path, run_dir: Path) -> 
                   and turn.end > turn.start]
     sampled = sum(sum(t.loss_mask[turn.start:turn.end]) for t, turn in call_turns)
     n_calls = max(1, len(call_turns))
-    return {"mode": mode, "success": wins / len(trajs), "low": low, "high": high, "wins": wins, "n": len(trajs),
+    return {"success": wins / len(trajs), "low": low, "high": high, "wins": wins, "n": len(trajs),
             "tokens_per_call": sampled / n_calls, "head_per_call": sum(len(t.head_decisions) for t in trajs) / n_calls,
             "calls_per_episode": len(call_turns) / len(trajs), "tool_accuracy": tool_hits / expert_calls,
-            "invalid_per_episode": sum(t.num_invalid_calls for t in trajs) / len(trajs), "bc_s": bc_s,
-            "eval_s": eval_s}
+            "invalid_per_episode": sum(t.num_invalid_calls for t in trajs) / len(trajs), "eval_s": eval_s}
 
 
 def main() -> None:
@@ -97,6 +103,8 @@ def main() -> None:
     p.add_argument("--eval-tasks", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--head-loss-coef", type=float, default=1.0, help="bc.head_loss_coef of the factored arm")
+    p.add_argument("--head-grad", default="detached", help="bc.head_grad of the factored arm")
+    p.add_argument("--lm-learns-names", default="true", help="bc.lm_learns_names of the factored arm")
     p.add_argument("--arms", default="tokens,factored", help="which arms to run (comma-separated)")
     p.add_argument("--kinds", default="", help="comma-separated api-catalog task kinds (default: all)")
     args = p.parse_args()
@@ -106,7 +114,8 @@ def main() -> None:
         model_dir = build_tiny_model_dir(base, make_suite(base), Path(tmp) / "base-model")
         rows = [arm(mode, args, model_dir, Path(tmp) / mode) for mode in args.arms.split(",")]
     print(f"api-catalog (kinds: {args.kinds or 'all'}), tiny model (64 wide, 2 layers), BC {args.bc_steps} steps x "
-          f"{args.batch} of {args.demos} demos, lr {args.lr}, head loss coef {args.head_loss_coef}, seed {args.seed}; "
+          f"{args.batch} of {args.demos} demos, lr {args.lr}, head loss coef {args.head_loss_coef}, head "
+          f"{args.head_grad}, LM learns names {args.lm_learns_names}, seed {args.seed}; "
           f"greedy on {args.eval_tasks} held-out tasks; one thread")
     print("| tool name by | held-out success (95% CI) | right tool (k-th call = expert's k-th) | LM tokens sampled "
           "per call | head decisions per call | calls / invalid calls per episode | BC wall s | eval wall s |")

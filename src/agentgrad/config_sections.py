@@ -276,3 +276,36 @@ class DPOConfig(Section):
     nll_coef: float = Field(1.0, ge=0, description="Weight of an NLL term on the chosen trajectories added to the "
                             "DPO loss (RPO, Pang et al. 2024): plain DPO lowers the chosen ones' likelihood too, "
                             "and from a 45% start it lost 15 points of held-out success here; 0 is plain DPO.")
+
+
+class RunConfig(Section):
+    name: str | None = Field(None, description="Run name; defaults to a timestamp.")
+    output_dir: str = Field("runs", description="Directory under which the run directory is created.")
+    seed: int = Field(0, description="Seed for tasks, model init and sampling.")
+    threads: int = Field(1, ge=1, description="torch CPU threads (1: results do not depend on machine load).")
+    log_every: int = Field(1, gt=0, description="Steps between metric records.")
+    checkpoint_every: int = Field(0, ge=0, description="Steps (of any stage) between resumable run-state checkpoints "
+                                  "(checkpoints/step-N, LATEST; `agentgrad train --resume`); 0: only at stage ends.")
+    progress: bool = Field(True, description="Show the live progress display.")
+    slow_step_warn_s: float | None = Field(60.0, gt=0, description="Warn (once per stage) when an RL step takes "
+                                           "longer than this: the defaults are sized for two-turn arithmetic "
+                                           "(~3-5 s a GRPO step on 2 CPU cores); None: never.")
+
+
+SinkName = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
+"""Metric sinks `metrics.sinks` accepts; `agentgrad.sinks.SINKS` implements them."""
+
+
+class MetricsConfig(Section):
+    sinks: list[SinkName] = Field(default_factory=list, description="Metric sinks besides metrics.jsonl (always "
+                                  "written), several at once: tensorboard (RUN_DIR/tensorboard), wandb, mlflow. "
+                                  "Their packages: pip install 'agentgrad[sinks]'. Each value is named "
+                                  "<stage>/<key> (grpo/rollout/success_rate) at the record's step.")
+    tensorboard_dir: str | None = Field(None, description="TensorBoard log directory (None: RUN_DIR/tensorboard).")
+    wandb_project: str = Field("agentgrad", description="W&B project.")
+    wandb_mode: Literal["offline", "online"] = Field("offline", description="W&B mode: offline writes "
+                                                     "RUN_DIR/wandb without a network (`wandb sync` uploads it "
+                                                     "later); online needs a login.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: a local file store, "
+                                            "RUN_DIR/mlruns; `mlflow ui --backend-store-uri RUN_DIR/mlruns`).")
+    mlflow_experiment: str = Field("agentgrad", description="MLflow experiment name (created when missing).")

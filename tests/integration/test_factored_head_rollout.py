@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
@@ -156,3 +157,81 @@ def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
     resumed = build_components(config, tmp_path / "y", model_path=latest)  # what --resume builds
     final = build_components(config, tmp_path / "z", model_path=run_dir / "checkpoints" / "final")
     assert torch.equal(resumed.tool_head.tool_head.weight, final.tool_head.tool_head.weight)
+
+
+def _bc_beside_head(loaded_tiny, codec, *, head_loss: bool, detached: bool, steps: int = 6):
+    """BC of a copy of the tiny model on api-catalog demos with the LM's targets of the tokens arm (names
+    included), beside a factored head; returns (LM weights, the head's NLL before and after)."""
+    from agentgrad.algos.losses import sft_loss
+    from agentgrad.batch import collate_head
+
+    suite = ApiCatalogSuite(kinds=["single", "auth_single"], schemas="none")
+    limits = EpisodeLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000)
+    demos = []
+    for task in suite.sample_tasks(8, split="train", seed=0):
+        plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
+        demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits,
+                                 action_head="factored")
+        demos.append(dataclasses.replace(demo, loss_mask=plain.loss_mask))  # the LM still learns the names
+    torch.manual_seed(0)
+    model = copy.deepcopy(loaded_tiny.model)
+    head = FactoredToolHead(model.config.hidden_size, [(s.name, s.category) for s in catalog()])
+    learner = TorchLearner(model, lr=1e-2, tool_head=head, head_detached=detached)
+    batch = collate(demos, pad_token_id=loaded_tiny.pad_token_id)
+    decisions = collate_head(demos, head.tool_names)
+    nll = []
+    for _ in range(steps):
+        logprobs, hidden = learner.logprobs_and_hidden(batch, decisions.row, decisions.position)
+        head_nll = head.bc_loss(hidden, decisions.legal, decisions.tool)
+        nll.append(head_nll.item())
+        learner.step(sft_loss(logprobs, batch.loss_mask) + (head_nll if head_loss else 0.0))
+    return [p.detach().clone() for p in model.parameters()], nll[0], nll[-1]
+
+
+def test_a_detached_head_learns_without_changing_the_lms_bc(loaded_tiny, codec):
+    """The cause of the LM damage (docs/action-space.md): the head's NLL, attached, sent the LM a gradient
+    2.7x its own token loss's. Detached (bc.head_grad=detached, the default) and clipped on its own, adding the
+    head's loss leaves the LM's BC exactly as without it, while the head learns; attached, the LM's weights
+    move elsewhere (the path kept for comparison)."""
+    without, *_ = _bc_beside_head(loaded_tiny, codec, head_loss=False, detached=True)
+    detached, first, last = _bc_beside_head(loaded_tiny, codec, head_loss=True, detached=True)
+    attached, *_ = _bc_beside_head(loaded_tiny, codec, head_loss=True, detached=False)
+    assert all(torch.equal(a, b) for a, b in zip(without, detached))
+    assert max(float((a - b).abs().max()) for a, b in zip(without, attached)) > 1e-3
+    assert last < first - 0.5  # the head's NLL of the expert's tool falls (from ~log 150 = 5.0 at the start)
+
+
+def test_the_kl_term_scores_head_decisions_with_a_frozen_reference_head(loaded_tiny, codec):
+    """With algo.kl_coef > 0, RL freezes the head beside the reference model as the stage starts; each decision's
+    reference logprob is that head's log p(category) + log p(tool | category) on the reference's hidden state.
+    At the start it equals the behaviour logprob the rollout recorded; after the policy's head moves, the
+    reference's stays while the learner's changes (before: the behaviour logprob stood in for the reference)."""
+    from types import SimpleNamespace
+
+    from agentgrad.config import build_config
+    from agentgrad.pipelines.rl import add_reference, start_rl
+
+    head, policy, suite, force = _setup(loaded_tiny, codec)
+    tasks = suite.sample_tasks(6, split="train", seed=2)
+    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS, sampler=FACTORED,
+                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force)
+    model = copy.deepcopy(loaded_tiny.model)
+    head = copy.deepcopy(head)
+    c = SimpleNamespace(config=build_config(overrides=["algo.kl_coef=0.1", "rollout.action_head=factored",
+                                                     "rollout.temperature=1.0"]),
+                        tool_head=head, loaded=SimpleNamespace(model=model),
+                        frozen_reference=lambda: copy.deepcopy(model).eval().requires_grad_(False))
+    state = start_rl(c)
+    assert state.reference_head is not None and state.reference_head is not head
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_tools=head.tool_names)
+    at = (batch.head.row, batch.head.score_position)
+    ref = add_reference(c, state, batch).ref_logprobs  # (B, T)
+    torch.testing.assert_close(ref[at], batch.old_logprobs[at], atol=1e-4, rtol=0)
+    learner = TorchLearner(model, lr=5e-2, tool_head=head)
+    for _ in range(3):  # raise the sampled decisions' logprobs: the policy's head moves away from the reference
+        learner.step(-learner.logprobs(batch)[at].sum())  # (scored at the rollout temperature, 1)
+    moved = learner.logprobs(batch)[at].detach()
+    after = add_reference(c, state, batch).ref_logprobs[at]
+    torch.testing.assert_close(after, ref[at], atol=1e-4, rtol=0)
+    assert (moved - after).abs().min() > 0.1  # the KL term now sees the head's drift at every decision
+    assert state.state_dict()["reference_head"] is not None

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession
 from agentgrad.backends.precision import FP32, ComputeDtype
-from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden
+from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden, with_head_decisions
 from agentgrad.backends.shared_prefix import (
     LeanForward,
     plan_shared_prefixes,
@@ -103,20 +103,26 @@ class TorchLearner:
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  betas: tuple[float, float] = (0.9, 0.999), max_buckets: int = 4,
-                 tool_head: torch.nn.Module | None = None, compute: ComputeDtype | None = None) -> None:
-        """`tool_head` (a factored action head) is trained by the same optimizer and gradient clip, and scores
-        the head decisions of batches that carry them (`TokenBatch.head`). `compute`: the forward's autocast
+                 tool_head: torch.nn.Module | None = None, head_detached: bool = True,
+                 compute: ComputeDtype | None = None) -> None:
+        """`tool_head` (a factored action head) scores the head decisions of batches that carry them
+        (`TokenBatch.head`). It is trained by the same AdamW but clipped on its own: under one global clip a
+        fresh head's gradient (2.7x the LM's at the start of BC, measured) shrank the LM's step.
+        `head_detached`: the head reads the LM's hidden states without passing its gradient into the LM (a probe;
+        bc.head_grad), in BC (`logprobs_and_hidden`) and in RL alike. `compute`: the forward's autocast
         (`model.compute_dtype`; None: fp32)."""
         self.model = model
         self.compute = compute or FP32
         self.tool_head = tool_head
+        self.head_detached = head_detached
         self.max_buckets = max_buckets
         self.lean = LeanForward(model) if LeanForward.supports(model) else None
         self.grad_clip = grad_clip
         # Frozen parameters (a LoRA run's base weights) stay out of the optimizer and the gradient clip.
-        self.params = [p for p in (*model.parameters(), *(tool_head.parameters() if tool_head is not None else ()))
-                       if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.head_params = [p for p in tool_head.parameters() if p.requires_grad] if tool_head is not None else []
+        groups = [{"params": self.params}] + ([{"params": self.head_params}] if self.head_params else [])
+        self.optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
         """Per-token logprobs (B, T). Rows are run in length buckets (`length_buckets`): a rollout batch mixes
@@ -155,9 +161,8 @@ class TorchLearner:
         at sampling) at its score position, recomputed from the hidden state the head read. One forward."""
         lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
                                                batch.logit_masks)  # (B, T), (B, T, H)
-        h = batch.head
-        logp = self.tool_head(hidden[h.row, h.position], h.legal, temperature)  # (D, N)
-        return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
+        return with_head_decisions(lp, hidden.detach() if self.head_detached else hidden, self.tool_head, batch,
+                                   temperature)
 
     def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,
                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,17 +172,22 @@ class TorchLearner:
         with self.compute.autocast():
             lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
                                                    batch.logit_masks)
-        return lp, hidden[rows, positions].float()
+        read = hidden[rows, positions].float()  # (D, H)
+        return lp, read.detach() if self.head_detached else read
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:
             loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf)
-        skipped = not torch.isfinite(grad_norm)
+        head = {}
+        if self.head_params:
+            head_norm = torch.nn.utils.clip_grad_norm_(self.head_params, self.grad_clip or math.inf)
+            head = {"train/head_grad_norm": float(head_norm)}
+        skipped = not (torch.isfinite(grad_norm) and (not head or math.isfinite(head["train/head_grad_norm"])))
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"train/grad_norm": float(grad_norm), "train/skipped_steps": float(skipped)}
+        return {"train/grad_norm": float(grad_norm), "train/skipped_steps": float(skipped), **head}
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

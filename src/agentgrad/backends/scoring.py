@@ -57,6 +57,16 @@ def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, a
     return score_logits(head(hidden), input_ids, temperature, logit_masks), hidden
 
 
+def with_head_decisions(lp: torch.Tensor, hidden: torch.Tensor, head: torch.nn.Module, batch: TokenBatch,
+                        temperature: float) -> torch.Tensor:
+    """Token logprobs `lp` (B, T) with each head decision (`batch.head`) scored by `head` at its score position:
+    log p(category) + log p(tool | category) from the hidden state (B, T, H) at the position the head read."""
+    h = batch.head
+    assert h is not None
+    logp = head(hidden[h.row, h.position], h.legal, temperature)  # (D, N)
+    return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
+
+
 class ScoresBatches(Protocol):
     """What `Scoring.policy` needs of a learner (`backends.base.Learner`)."""
 
@@ -81,3 +91,11 @@ class Scoring:
     def frozen(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         return token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
                               batch.logit_masks)  # (B, T)
+
+    @torch.no_grad()
+    def frozen_with_head(self, model: torch.nn.Module, head: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+        """`frozen`, with the batch's head decisions scored by a frozen head (a reference head) on the frozen
+        model's hidden states, as the learner scores them with the trained head."""
+        lp, hidden = token_logprobs_and_hidden(model, batch.input_ids, batch.attention_mask, self.temperature,
+                                               batch.logit_masks)  # (B, T), (B, T, H)
+        return with_head_decisions(lp, hidden, head, batch, self.temperature)  # (B, T)

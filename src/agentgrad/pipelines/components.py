@@ -230,7 +230,7 @@ def make_learner(config: Config, loaded: LoadedModel, path: str, head: FactoredT
     other ranks following (backends/distributed.py), weights synced into `loaded.model` after every update."""
     if config.learner.backend == "torch":
         return TorchLearner(loaded.model, lr=config.algo.lr, grad_clip=config.algo.grad_clip, tool_head=head,
-                            compute=compute)
+                            head_detached=config.bc.head_grad == "detached", compute=compute)
     from agentgrad.backends.distributed import ShardedLearner, ShardedSpec
     from agentgrad.pipelines.launch import init_processes, uses_cuda
 

@@ -99,6 +99,18 @@ def check_demos_fit(demos: list[Trajectory], limits: EpisodeLimits, *,
     return fit
 
 
+def with_names_in_lm_loss(demo: Trajectory) -> Trajectory:
+    """A demo whose head decisions' name tokens are back in the LM's loss (loss_mask 1, as the tokens arm has
+    them): the LM learns to write the names, which trains the very hidden state a detached head reads (the
+    state that predicts the name's first token); at rollout the head still chooses the names."""
+    if not demo.head_decisions:
+        return demo
+    mask = list(demo.loss_mask)
+    for d in demo.head_decisions:
+        mask[d.position + 1:d.end] = [1] * (d.end - d.position - 1)
+    return dataclasses.replace(demo, loss_mask=tuple(mask))
+
+
 def expert_demos(c: Components, n: int, seed: int, *, logger: RunLogger | None = None,
                  display: ProgressDisplay | None = None) -> list[Trajectory]:
     """`n` expert demonstrations of the suite's train split, encoded as rollouts are, less the few that do not fit
@@ -109,8 +121,10 @@ def expert_demos(c: Components, n: int, seed: int, *, logger: RunLogger | None =
     try:
         with (display or ProgressDisplay(enabled=False)).track("expert demonstrations", len(tasks)) as progress:
             for t in tasks:
-                demos.append(expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits,
-                                               action_head=c.sampler.action_head))
+                demo = expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits,
+                                         action_head=c.sampler.action_head)
+                names = c.sampler.action_head == "factored" and c.config.bc.lm_learns_names
+                demos.append(with_names_in_lm_loss(demo) if names else demo)
                 progress(len(demos), None)
     finally:
         close_env(env)

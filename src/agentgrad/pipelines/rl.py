@@ -8,6 +8,7 @@ value model is trained. Everything else (KL to a frozen reference, its controlle
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -84,18 +85,23 @@ class RLState:
     """While `algorithm` trains no critic, fit `critic` on the batches' Monte-Carlo returns (the adaptive stage's
     warm-up before PPO takes over)."""
     prefetch: RolloutPrefetch | None = None  # rollout.max_staleness > 0: rollouts started ahead (not saved)
+    reference_head: torch.nn.Module | None = None
+    """The factored head frozen as the stage starts (rollout.action_head=factored with a KL term): scores the
+    head's decisions for the KL as `reference` scores the tokens."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_controller.state_dict(),
                 "critic": self.critic.state_dict() if self.critic is not None else None,
                 "reference": self.reference.state_dict() if self.reference is not None else None,
+                "reference_head": self.reference_head.state_dict() if self.reference_head is not None else None,
                 "replay": self.replay.state_dict() if self.replay is not None else None,
                 "success_ema": self.success_ema, "consecutive_nonfinite": self.nonfinite.consecutive}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.kl_controller.load_state_dict(state["kl_controller"])
-        for target, key in ((self.critic, "critic"), (self.reference, "reference"), (self.replay, "replay")):
-            if target is not None and state[key] is not None:
+        for target, key in ((self.critic, "critic"), (self.reference, "reference"), (self.replay, "replay"),
+                            (self.reference_head, "reference_head")):
+            if target is not None and state.get(key) is not None:
                 target.load_state_dict(state[key])
         self.success_ema = state["success_ema"]
         self.nonfinite.consecutive = state["consecutive_nonfinite"]
@@ -107,16 +113,19 @@ def start_rl(c: Components, saved: Mapping[str, Any] | None = None, *, algorithm
     `algorithm` (default `algo.name`'s), with a critic when it trains one or `with_critic`."""
     algo = c.config.algo
     algorithm = algorithm or ONLINE_ALGORITHMS.get(algo.name)
-    reference = None
+    reference = reference_head = None
     if algo.kl_coef > 0:
         reference = c.frozen_reference()
+        if c.tool_head is not None:
+            reference_head = copy.deepcopy(c.tool_head).eval().requires_grad_(False)
     kl_controller = make_kl_controller(algo.kl_controller, algo.kl_coef, target=algo.kl_target,
                                        horizon=algo.kl_horizon_episodes)
     critic = None
     if algorithm.uses_critic or with_critic:
         critic = build_critic(c.loaded.model, c.config.critic.model, lr=c.config.critic.lr, grad_clip=algo.grad_clip)
     state = RLState(algorithm, Scoring(c.config.rollout.temperature), reference, kl_controller, critic,
-                    replay=build_replay(c.config), nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite))
+                    replay=build_replay(c.config), nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite),
+                    reference_head=reference_head)
     if saved is not None:
         state.load_state_dict(saved)
     return state
@@ -205,10 +214,10 @@ def add_reference(c: Components, state: RLState, batch: TokenBatch) -> TokenBatc
     """Reference logprobs, and in kl_mode=reward the KL penalty folded into the token rewards."""
     if state.reference is None:
         return batch
-    ref = state.scoring.frozen(state.reference, batch)  # (B, T)
-    if batch.head is not None:  # no reference head: a decision's KL is taken against its behaviour logprob
-        at = (batch.head.row, batch.head.score_position)
-        ref = ref.index_put(at, batch.old_logprobs[at])
+    if batch.head is not None and state.reference_head is not None:  # decisions scored by the reference head
+        ref = state.scoring.frozen_with_head(state.reference, state.reference_head, batch)  # (B, T)
+    else:
+        ref = state.scoring.frozen(state.reference, batch)  # (B, T)
     batch = batch.replace(ref_logprobs=ref)
     if c.config.algo.kl_mode == "reward":
         batch = penalise_rewards(batch, state.kl_controller.value)
