@@ -12,13 +12,14 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from test_rollout_concurrency import _forcing  # the same forced tool-call turns
 
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.hf import HFPolicy
 from agentgrad.envs import ToolEnv
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.tools.base import ToolSet, tool
-from agentgrad.types import Message, Task, ToolCall
+from agentgrad.types import Task
 
 
 @pytest.fixture(autouse=True)
@@ -50,23 +51,6 @@ def _sleep_tools(delay):
         return "done"
 
     return ToolSet([sleep])
-
-
-def _forcing(codec, n_episodes, forced_turns):
-    script = {i: codec.assistant_ids(Message("assistant", "", tool_calls=(
-        ToolCall("sleep", {"seconds": 0.0, "tag": i}),))) for i in range(n_episodes)}
-    turn = dict.fromkeys(range(n_episodes), -1)
-
-    def processor(row, generated, logits):
-        if not generated:
-            turn[row] += 1
-        if turn[row] >= forced_turns:
-            return logits
-        forced = logits.new_full(logits.shape, float("-inf"))
-        forced[script[row][len(generated)]] = 0.0
-        return forced
-
-    return processor
 
 
 class StepLog:
