@@ -36,6 +36,7 @@ from agentgrad.config_sections import (
     RestConfig,
     RunConfig,
     Section,
+    SinkName,  # noqa: F401 (re-exported: the config accepts these sink names)
     TinyModelConfig,
 )
 

