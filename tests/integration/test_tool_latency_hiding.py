@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from test_rollout_concurrency import _forcing  # the same forced tool-call turns
+from test_rollout_concurrency import _forcing, one_thread  # noqa: F401 (one_thread: the same autouse fixture)
 
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.hf import HFPolicy
@@ -20,16 +20,6 @@ from agentgrad.envs import ToolEnv
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, run_episodes
 from agentgrad.tools.base import ToolSet, tool
 from agentgrad.types import Task
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _sleep_tools(delay):
