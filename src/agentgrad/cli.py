@@ -73,6 +73,7 @@ def train(
         init_processes,
         launched,
         launched_rank,
+        leave_processes,
         needs_relaunch,
         relaunch,
         world_size_error,
@@ -122,6 +123,8 @@ def train(
               + (f"continue with `agentgrad train --resume {where}`" if config.run.checkpoint_every else
                  "run again under another run.name (run.checkpoint_every=0 left no run-state checkpoint to "
                  "resume from; set it > 0 to make a run resumable)"))
+    finally:
+        leave_processes()  # a sharded learner's group, before exit (see there)
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))
 
