@@ -67,3 +67,35 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+class MultiTurnRollout:
+    """Times one rollout of `episodes` arithmetic episodes (8 samples per task; a calculator call, then the answer)
+    through the one scheduler, `run_episodes`, with a given policy: called with a policy, it returns generated
+    tokens per second and appends the episodes' mean turns to `turns[id(policy)]`. Every call draws a new sampling
+    seed, so peers timed in turn see the same tasks, limits and sampling."""
+
+    def __init__(self, config, codec, episodes: int) -> None:
+        from agentgrad.envs import SUITES
+        from agentgrad.pipelines.components import episode_limits
+
+        self.suite = SUITES.get("arithmetic")()
+        self.limits = episode_limits(config)
+        self.codec = codec
+        self.episodes = episodes
+        self.tasks = [t for t in self.suite.sample_tasks(episodes // 8, split="train", seed=5) for _ in range(8)]
+        self.seed = 0
+        self.turns: dict[int, list[float]] = {}
+
+    def __call__(self, policy) -> float:
+        from agentgrad.backends.base import SamplingParams
+        from agentgrad.rollout.loop import SamplerSettings, run_episodes
+
+        self.seed += 1
+        sampling = SamplingParams(max_new_tokens=self.limits.max_new_tokens_per_turn, temperature=0.7,
+                                  seed=self.seed)
+        dt, trajs = timed(lambda: run_episodes(policy, self.codec, [self.suite.make_env() for _ in self.tasks],
+                                               self.tasks, sampling=sampling, limits=self.limits,
+                                               sampler=SamplerSettings(max_concurrent_episodes=self.episodes)))
+        self.turns.setdefault(id(policy), []).append(sum(len(t.turns) for t in trajs) / len(trajs))
+        return sum(t.num_generated_tokens for t in trajs) / dt

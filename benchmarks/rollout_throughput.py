@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed
+from _common import MultiTurnRollout, alternate, bc_model_dir, bench_config, median, set_threads, table
 
 from agentgrad.backends.base import Generation, SamplingParams
 
@@ -65,39 +65,25 @@ def main() -> None:
     ap.add_argument("--bc-steps", type=int, default=150)
     args = ap.parse_args()
 
-    from agentgrad.envs import SUITES
     from agentgrad.models.hf import load_model
-    from agentgrad.pipelines.components import episode_limits, inference, quiet_hf
-    from agentgrad.rollout.loop import SamplerSettings, run_episodes
+    from agentgrad.pipelines.components import inference, quiet_hf
 
     quiet_hf()
     config = bench_config()
     loaded = load_model(bc_model_dir(args.bc_steps))
     ours, codec = inference(loaded)
     peer = HFGeneratePolicy(loaded.model, loaded.eos_token_ids, loaded.pad_token_id)
-    suite = SUITES.get("arithmetic")()
-    limits = episode_limits(config)
-    tasks = [t for t in suite.sample_tasks(args.episodes // 8, split="train", seed=5) for _ in range(8)]
-    seed = [0]
-
-    def rollout(policy) -> float:
-        seed[0] += 1
-        sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.7, seed=seed[0])
-        dt, trajs = timed(lambda: run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks,
-                                               sampling=sampling, limits=limits,
-                                               sampler=SamplerSettings(max_concurrent_episodes=args.episodes)))
-        stats.setdefault(id(policy), []).append(sum(len(t.turns) for t in trajs) / len(trajs))
-        return sum(t.num_generated_tokens for t in trajs) / dt
+    rollout = MultiTurnRollout(config, codec, args.episodes)
 
     rows = []
     for threads in args.threads:
         set_threads(threads)
-        stats: dict[int, list[float]] = {}
+        rollout.turns.clear()
         rollout(ours), rollout(peer)  # warm-up
         res = alternate({"agentgrad": lambda: rollout(ours), "hf_generate": lambda: rollout(peer)}, args.repeats)
         a, p = median(res["agentgrad"]), median(res["hf_generate"])
         rows.append((str(threads), f"{a:.0f}", f"{p:.0f}", f"{a / p:.2f}x",
-                     f"{median(stats[id(ours)]):.2f} / {median(stats[id(peer)]):.2f}"))
+                     f"{median(rollout.turns[id(ours)]):.2f} / {median(rollout.turns[id(peer)]):.2f}"))
     print(f"\nmulti-turn rollout, {args.episodes} episodes in flight, default tiny model "
           f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.2f}M params), median of {args.repeats}")
     print(table(rows, ("threads", "agentgrad tok/s", "HF generate tok/s", "ratio (target >= 2x)",

@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bc_model_dir, bench_config, median, set_threads, table, timed
-
-from agentgrad.backends.base import SamplingParams
+from _common import MultiTurnRollout, alternate, bc_model_dir, bench_config, median, set_threads, table
 
 
 def main() -> None:
@@ -34,10 +32,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from agentgrad.backends.vllm_policy import VLLMPolicy
-    from agentgrad.envs import SUITES
     from agentgrad.models.hf import load_model
-    from agentgrad.pipelines.components import episode_limits, inference, quiet_hf
-    from agentgrad.rollout.loop import SamplerSettings, run_episodes
+    from agentgrad.pipelines.components import inference, quiet_hf
 
     quiet_hf()
     set_threads(1)
@@ -49,21 +45,7 @@ def main() -> None:
     vllm = VLLMPolicy(str(model_dir), eos_token_ids=loaded.eos_token_ids,
                       max_model_len=config.rollout.max_total_tokens)
     start_seconds = time.monotonic() - started
-    suite = SUITES.get("arithmetic")()
-    limits = episode_limits(config)
-    tasks = [t for t in suite.sample_tasks(args.episodes // 8, split="train", seed=5) for _ in range(8)]
-    seed = [0]
-    turns: dict[int, list[float]] = {}
-
-    def rollout(policy) -> float:
-        seed[0] += 1
-        sampling = SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.7, seed=seed[0])
-        dt, trajs = timed(lambda: run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks,
-                                               sampling=sampling, limits=limits,
-                                               sampler=SamplerSettings(max_concurrent_episodes=args.episodes)))
-        turns.setdefault(id(policy), []).append(sum(len(t.turns) for t in trajs) / len(trajs))
-        return sum(t.num_generated_tokens for t in trajs) / dt
-
+    rollout = MultiTurnRollout(config, codec, args.episodes)
     rollout(hf), rollout(vllm)  # warm-up
     res = alternate({"hf": lambda: rollout(hf), "vllm": lambda: rollout(vllm)}, args.repeats)
     h, v = median(res["hf"]), median(res["vllm"])
@@ -71,7 +53,7 @@ def main() -> None:
           f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.2f}M params), 1 thread, median of "
           f"{args.repeats}; vLLM engine start {start_seconds:.0f} s (once per run, not counted)")
     print(table([(f"{h:.0f}", f"{v:.0f}", f"{v / h:.2f}x",
-                  f"{median(turns[id(hf)]):.2f} / {median(turns[id(vllm)]):.2f}")],
+                  f"{median(rollout.turns[id(hf)]):.2f} / {median(rollout.turns[id(vllm)]):.2f}")],
                 ("HF engine tok/s", "vLLM tok/s", "vLLM / HF", "turns/episode hf / vllm")))
     vllm.close()
 

@@ -100,6 +100,21 @@ def stable_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
+def ref_then_killed_run(common: list[str], tmp_path: Path, kills: list[str]) -> Path:
+    """`tmp_path/ref` trained uninterrupted, then `tmp_path/killed` killed with -9 at each of `kills` in turn
+    (the first start fresh, the others resumed), then resumed to its end; returns the killed run's directory."""
+    threads = torch.get_num_threads()
+    train(build_config(overrides=[*common, "run.name=ref"]))  # in-process: one interpreter start less
+    run_dir = tmp_path / "killed"
+    for i, point in enumerate(kills):
+        args = [*common, "run.name=killed"] if i == 0 else ["--resume", str(run_dir)]
+        proc = agentgrad(args, kill_at=point)
+        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
+    train(build_config(overrides=[*common, "run.name=killed"]), run_dir=run_dir, resume=True)
+    torch.set_num_threads(threads)
+    return run_dir
+
+
 @pytest.fixture(autouse=True)
 def _importable_reward(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
@@ -113,17 +128,7 @@ def test_kill_9_at_named_points_then_resume_matches_an_uninterrupted_run(tmp_pat
     model = build_tiny_model_dir(config, make_suite(config), tmp_path / "base-model")
     common = [*overrides, f"model.path={model}", f"run.output_dir={tmp_path}"]
 
-    threads = torch.get_num_threads()
-    train(build_config(overrides=[*common, "run.name=ref"]))  # in-process: one interpreter start less
-
-    run_dir = tmp_path / "killed"
-    for i, point in enumerate(kills):
-        args = [*common, "run.name=killed"] if i == 0 else ["--resume", str(run_dir)]
-        proc = agentgrad(args, kill_at=point)
-        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
-    train(build_config(overrides=[*common, "run.name=killed"]), run_dir=run_dir, resume=True)
-    torch.set_num_threads(threads)
-
+    run_dir = ref_then_killed_run(common, tmp_path, kills)
     assert stable_metrics(run_dir) == stable_metrics(tmp_path / "ref")
     killed_store = list(TrajectoryStore(run_dir / "trajectories").raw_records())
     ref_store = list(TrajectoryStore(tmp_path / "ref" / "trajectories").raw_records())

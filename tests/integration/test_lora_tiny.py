@@ -3,7 +3,6 @@ from a BC start while the base weights stay bit for bit the BC checkpoint's; a L
 resumed from its checkpoints' adapters matches an uninterrupted one. Skips without the lora extra (peft)."""
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ pytest.importorskip("peft", reason="the lora extra is not installed (pip install
 
 from learning import assert_lift
 from test_algorithms_tiny import bc_start  # noqa: F401  (bc_start: a module-scoped fixture)
-from test_kill_resume import SRC, TINY, _importable_reward, agentgrad, stable_metrics  # noqa: F401
+from test_kill_resume import SRC, TINY, _importable_reward, agentgrad, ref_then_killed_run, stable_metrics  # noqa: F401
 from test_train_tiny import FAST
 
 from agentgrad.config import build_config
@@ -23,7 +22,7 @@ from agentgrad.models.lora import ADAPTER_DIR
 from agentgrad.pipelines.components import build_components, build_tiny_model_dir, make_suite
 from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
-from agentgrad.pipelines.train import held_out, train
+from agentgrad.pipelines.train import held_out
 from agentgrad.sinks import MemorySink
 
 # Rank 8 on every projection: 14.3k trainable parameters of the FAST model's ~170k. LoRA's lr is 10x full
@@ -55,15 +54,7 @@ def test_kill_9_then_resume_from_the_adapters_matches_an_uninterrupted_run(tmp_p
     config = build_config(overrides=LORA_RUN)
     model = build_tiny_model_dir(config, make_suite(config), tmp_path / "base-model")
     common = [*LORA_RUN, f"model.path={model}", f"run.output_dir={tmp_path}"]
-    threads = torch.get_num_threads()
-    train(build_config(overrides=[*common, "run.name=ref"]))
-    run_dir = tmp_path / "killed"
-    for i, point in enumerate(["update:1", "checkpoint_pointer:2", "after_checkpoint:3"]):
-        args = [*common, "run.name=killed"] if i == 0 else ["--resume", str(run_dir)]
-        proc = agentgrad(args, kill_at=point)
-        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
-    train(build_config(overrides=[*common, "run.name=killed"]), run_dir=run_dir, resume=True)
-    torch.set_num_threads(threads)
+    run_dir = ref_then_killed_run(common, tmp_path, ["update:1", "checkpoint_pointer:2", "after_checkpoint:3"])
 
     assert stable_metrics(run_dir) == stable_metrics(tmp_path / "ref")
     from safetensors.torch import load_file
