@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.report.data import breakdowns, entropy_by_step, read_trajectories, timeline, viewer_records
 from agentgrad.types import (
@@ -106,3 +108,15 @@ def test_a_torn_line_is_skipped_and_counted(tmp_path):
     records, bad = read_trajectories(store.directory)
     assert len(records) == 3 and bad == 1
     assert segment.read_text().endswith('"step"')  # read only: the torn tail is not repaired by the report
+
+
+def test_tiny_values_get_exponent_ticks_and_the_mismatch_monitor_its_panel():
+    pytest.importorskip("plotly", reason="the report extra is not installed")
+    from agentgrad.report.figures import PANELS, curve_figure
+
+    rows = [{"step": s, "stage": "grpo", "loss/approx_kl_old": 1e-13 * s, "mismatch/max_abs_logprob_diff": 2e-5}
+            for s in (1, 2)]
+    panel = next(p for p in PANELS if p.title.startswith("Importance weights"))
+    fig = curve_figure(panel, timeline(rows))
+    assert {tr.name for tr in fig.data} == {"loss/approx_kl_old", "mismatch/max_abs_logprob_diff"}
+    assert fig.layout.yaxis.exponentformat == "e"  # plotly's default SI prefixes read 1e-13 as "100f"

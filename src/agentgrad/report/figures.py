@@ -32,8 +32,10 @@ PANELS = (
           empty_note="no reference model (algo.kl_coef=0)"),
     Panel("Entropy (sampled tokens)", ("rollout/entropy_estimate",)),
     Panel("Importance weights and mismatch", ("offpolicy/is_weight_mean", "offpolicy/is_weight_max",
-                                              "offpolicy/frac_truncated", "loss/approx_kl_old", "loss/clipfrac"),
-          empty_note="no clipped updates or replay in this run"),
+                                              "offpolicy/frac_truncated", "loss/approx_kl_old", "loss/clipfrac",
+                                              "mismatch/mean_abs_logprob_diff", "mismatch/max_abs_logprob_diff",
+                                              "mismatch/is_weight_mean"),
+          empty_note="no clipped updates, replay or mismatch monitor in this run"),
     Panel("Zero-signal groups", ("rollout/zero_signal_groups", "train/no_signal_steps")),
     Panel("Losses", ("loss/bc", "loss/policy", "loss/value", "loss/sft", "loss/dpo")),
     Panel("Throughput (tokens/s)", ("perf/tokens_per_s",)),
@@ -65,6 +67,8 @@ def to_div(fig: Any, div_id: str) -> str:
 def _layout(fig: Any, title: str, **extra: Any) -> None:
     fig.update_layout(title={"text": title, "font": {"size": 14}}, height=300, margin={"l": 50, "r": 50, "t": 40,
                       "b": 40}, legend={"orientation": "h", "y": -0.2}, template="plotly_white", **extra)
+    # plotly's default ticks use SI prefixes: an approx KL of 1e-13 read "100f", a ratio's 1e-3 "1m"
+    fig.update_yaxes(exponentformat="e")
 
 
 def curve_figure(panel: Panel, t: Timeline) -> Any:
