@@ -186,6 +186,8 @@ def test_greedy_masked_tool_names_match_the_hf_engine_token_for_token(components
     hf = masked_rollouts(c, c.policy, sampling)
     vllm = masked_rollouts(c, c.rollout_runner.policy, sampling)
     assert_legal_names(vllm)
+    print("greedy names (vllm):", sorted({NAME.match(t.turns[0].text).group(1) for t in vllm}),
+          f"max |vllm - hf| {max(abs(x - y) for a, b in zip(hf, vllm) for x, y in zip(a.logprobs, b.logprobs)):.2e}")
     for a, b in zip(hf, vllm):
         assert a.token_ids == b.token_ids and a.token_masks == b.token_masks and a.stop_reason == b.stop_reason
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < LOGPROB_ATOL
