@@ -180,14 +180,15 @@ class RolloutConfig(Section):
                                                      "and its own envs, weights broadcast after each update (pip "
                                                      "install 'agentgrad[ray]'); vllm: a vLLM engine in this process, "
                                                      "weights reloaded in place after each update (pip install "
-                                                     "'agentgrad[vllm]'; no tool-name mask or factored head). "
+                                                     "'agentgrad[vllm]'; the tool-name mask in-process only, no "
+                                                     "factored head). "
                                                      "docs/scale-out.md.")
     vllm_kv_cache_mb: int = Field(256, gt=0, description="backend=vllm: memory the engine reserves for its KV cache "
                                   "(and prefix cache), in MiB.")
     vllm_server: str | None = Field(None, description="backend=vllm: None: the engine in this process; 'start': "
                                     "start vLLM's OpenAI-compatible server on 127.0.0.1 and talk to it over HTTP; a "
                                     "URL: a running server (started with VLLM_SERVER_DEV_MODE=1, on this filesystem: "
-                                    "weights go to it as files).")
+                                    "weights go to it as files). A server cannot apply the tool-name mask.")
     workers: int = Field(2, gt=0, description="backend=ray: rollout worker actors (groups are spread over them).")
     worker_cpus: float = Field(1.0, gt=0, description="backend=ray: CPUs Ray reserves for each worker.")
     ray_address: str | None = Field(None, description="backend=ray: a cluster to join (`ray start --head` prints it; "
@@ -363,11 +364,14 @@ class Config(Section):
                              f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
         if self.rollout.max_staleness and (self.replay.enabled or self.rollout.action_head != "tokens"):
             raise ValueError("rollout.max_staleness > 0 needs replay.enabled=false and rollout.action_head=tokens")
-        if self.rollout.backend == "vllm" and (self.rollout.tool_name_mask == "on"
-                                               or self.rollout.action_head != "tokens" or self.model.lora.r > 0):
-            raise ValueError("rollout.backend=vllm samples without a per-token logits processor and loads full "
-                             "weights: it needs rollout.tool_name_mask auto or off, rollout.action_head=tokens and "
-                             "model.lora.r=0")
+        if self.rollout.backend == "vllm" and (self.rollout.action_head != "tokens" or self.model.lora.r > 0):
+            raise ValueError("rollout.backend=vllm cannot pause a turn for an action head and loads full weights: it "
+                             "needs rollout.action_head=tokens and model.lora.r=0")
+        if (self.rollout.backend == "vllm" and self.rollout.vllm_server is not None
+                and self.rollout.tool_name_mask == "on"):
+            raise ValueError("rollout.vllm_server (vLLM's HTTP server) cannot apply the tool-name mask: it needs "
+                             "rollout.tool_name_mask auto or off, or the in-process engine (rollout.vllm_server "
+                             "unset)")
         if self.model.path is None and self.model.chat_template.endswith(".jinja"):
             raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
                              "for one), not a .jinja file")

@@ -7,6 +7,7 @@ The model is the fast run's shape with 2 attention heads: vLLM's CPU attention t
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -16,13 +17,18 @@ from test_train_tiny import FAST
 pytest.importorskip("vllm", reason="vllm is not installed (pip install 'agentgrad[vllm]', docs/scale-out.md)")
 
 from agentgrad.backends.base import SamplingParams
+from agentgrad.backends.hf import TorchLearner
+from agentgrad.backends.scoring import token_logprobs
+from agentgrad.batch import collate
 from agentgrad.config import build_config
+from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
 from agentgrad.pipelines import rl
 from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.rollout_backend import close_rollout, make_rollout_env
 from agentgrad.pipelines.train import train
 from agentgrad.pipelines.vllm_rollout import VLLMRollout
-from agentgrad.rollout.loop import run_episodes, start_episode
+from agentgrad.rollout.loop import EpisodeLimits, run_episodes, start_episode
+from agentgrad.rollout.parser import OPEN
 from agentgrad.types import ToolCall
 
 pytestmark = pytest.mark.slow
@@ -142,16 +148,95 @@ def test_server_mode_on_loopback(components):
     assert server.policy.process.poll() is not None  # the run's server is stopped with it
 
 
-@pytest.mark.parametrize("override", ["rollout.tool_name_mask='on'", "rollout.action_head=factored",
-                                      "model.lora.r=4"])
+PUBLIC = frozenset(s.name for s in catalog() if not s.auth)  # api-catalog's legal tools before login
+NAME = re.compile(re.escape(OPEN + '\n{"name": "') + r'([^"]*)"')
+
+
+def masked_rollouts(c, policy, sampling, n=8):
+    """Single-call episodes of api-catalog before login: the tool-name mask hides the tools that need auth. A
+    caller's processor opens every turn with <tool_call> (BC taught the calculator, not this catalog); after it the
+    loop's own mask processor decides (the caller's is chained first)."""
+    suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
+    tasks = suite.sample_tasks(n, split="train", seed=0)
+    open_id = c.loaded.tokenizer.convert_tokens_to_ids(OPEN)
+
+    def force_open(row, generated, logits):
+        if generated:
+            return logits
+        return torch.full_like(logits, float("-inf")).index_fill(0, torch.tensor([open_id]), 0.0)
+
+    return run_episodes(policy, c.codec, [suite.make_env() for _ in tasks], tasks, sampling=sampling,
+                        logits_processor=force_open,
+                        limits=EpisodeLimits(max_turns=1, max_new_tokens_per_turn=40,
+                                             max_total_tokens=c.limits.max_total_tokens))
+
+
+def assert_legal_names(trajs):
+    names = [NAME.match(t.turns[0].text) for t in trajs]
+    assert all(names), [t.turns[0].text for t in trajs]
+    assert {n.group(1) for n in names} <= PUBLIC, {n.group(1) for n in names}
+    assert all(t.token_masks for t in trajs)  # the mask was applied, and recorded for the learner
+
+
+def test_greedy_masked_tool_names_match_the_hf_engine_token_for_token(components):
+    """The tool-name mask inside vLLM's sampler: the same greedy tokens, legal sets and masked logprobs as the HF
+    engine's constrained decoding; and the mask mattered (the plain softmax's logprobs are far from them)."""
+    c = components
+    sampling = dataclasses.replace(greedy(c), max_new_tokens=40)
+    hf = masked_rollouts(c, c.policy, sampling)
+    vllm = masked_rollouts(c, c.rollout_runner.policy, sampling)
+    assert_legal_names(vllm)
+    print("greedy names (vllm):", sorted({NAME.match(t.turns[0].text).group(1) for t in vllm}),
+          f"max |vllm - hf| {max(abs(x - y) for a, b in zip(hf, vllm) for x, y in zip(a.logprobs, b.logprobs)):.2e}")
+    for a, b in zip(hf, vllm):
+        assert a.token_ids == b.token_ids and a.token_masks == b.token_masks and a.stop_reason == b.stop_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < LOGPROB_ATOL
+    batch = collate(vllm, pad_token_id=c.loaded.pad_token_id)
+    with torch.no_grad():
+        plain = token_logprobs(c.loaded.model, batch.input_ids, batch.attention_mask, 1.0)  # (B, T) no masks
+    assert ((plain - batch.old_logprobs) * batch.loss_mask).abs().max().item() > 0.1
+
+
+def test_sampled_masked_tool_names_are_legal_and_the_learner_rescores_their_logprobs(components):
+    """Sampled under the mask (temperature 1, many names): every name legal, and the learner, given the recorded
+    legal sets, reproduces every sampled logprob (the forced <tool_call> token aside: the caller's own rule)."""
+    c = components
+    trajs = masked_rollouts(c, c.rollout_runner.policy, SamplingParams(max_new_tokens=40, temperature=1.0, seed=0),
+                            n=16)
+    assert_legal_names(trajs)
+    assert len({NAME.match(t.turns[0].text).group(1) for t in trajs}) > 2  # sampled: not one name every time
+    batch = collate(trajs, pad_token_id=c.loaded.pad_token_id)
+    with torch.no_grad():
+        rescored = TorchLearner(c.loaded.model, lr=0.0).logprobs(batch, temperature=1.0)  # (B, T) PPO's ratio input
+    forced = torch.zeros_like(batch.loss_mask)
+    forced[torch.arange(len(trajs)), [t.prompt_length for t in trajs]] = 1  # (B, T) the forced <tool_call>
+    diff = ((rescored - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs()  # (B, T)
+    print(f"vllm masked vs learner: max |diff| {diff.max().item():.2e} over {int(batch.loss_mask.sum())} tokens")
+    assert diff.max().item() < LOGPROB_ATOL
+
+
+def test_the_server_refuses_a_logits_processor(components):
+    """vLLM's HTTP server cannot run our per-token processor: one clear error, before any request is sent."""
+    from agentgrad.backends.vllm_server import VLLMServerPolicy
+
+    server = VLLMServerPolicy("http://127.0.0.1:9", eos_token_ids=components.loaded.eos_token_ids)
+    try:
+        with pytest.raises(ValueError, match="^error: vLLM's HTTP server .* cannot apply the per-token tool-name"):
+            server.generate([[1, 2, 3]], greedy(components), lambda row, ids, logits: logits)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("override", ["rollout.action_head=factored", "model.lora.r=4"])
 def test_the_config_refuses_what_it_cannot_sample(override):
-    with pytest.raises(Exception, match="rollout.backend=vllm samples without a per-token logits processor"):
+    with pytest.raises(Exception, match="rollout.backend=vllm cannot pause a turn for an action head"):
         build_config(overrides=["rollout.backend=vllm", override])
 
 
-def test_generate_refuses_a_logits_processor(components):
-    with pytest.raises(ValueError, match="^error: rollout.backend=vllm cannot apply a per-token logits processor"):
-        components.rollout_runner.policy.generate([[1, 2, 3]], greedy(components), lambda row, ids, logits: logits)
+def test_the_tool_name_mask_needs_the_in_process_engine():
+    build_config(overrides=["rollout.backend=vllm", "rollout.tool_name_mask='on'"])  # in-process: accepted
+    with pytest.raises(Exception, match="rollout.vllm_server .* cannot apply the tool-name mask"):
+        build_config(overrides=["rollout.backend=vllm", "rollout.tool_name_mask='on'", "rollout.vllm_server=start"])
 
 
 @pytest.mark.learning

@@ -13,8 +13,12 @@ serve the new ones. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPR
 serialised. vLLM's import spawns workers with multiprocessing: a script that builds this policy needs
 `if __name__ == "__main__":`.
 
-Not supported: a per-token logits processor (the tool-name mask, the factored action head): `generate` refuses
-one, and the config refuses rollout.tool_name_mask=on and action_head=factored with this backend.
+A per-token logits processor (the loop's tool-name mask under the env's action mask) runs inside vLLM's sampler
+(`backends/vllm_logits.py`: a logits-processor class given to the engine, each request naming its `generate`
+call's processor and row), so the sampled token is legal and its logprob is that of the masked, renormalised
+distribution, as `HFPolicy` reports it. It needs the engine core in this process: with
+VLLM_ENABLE_V1_MULTIPROCESSING=1 set by the user, `generate` refuses a processor. Not supported: the factored
+action head (a turn cannot pause at a decision point for the head: the config refuses it with this backend).
 """
 
 from __future__ import annotations
@@ -22,15 +26,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
 from agentgrad.backends.base import Generation, LogitsProcessor, SamplingParams
 
-NO_LOGITS_PROCESSOR = ("error: rollout.backend=vllm cannot apply a per-token logits processor (the tool-name mask "
-                       "or the factored action head); use rollout.tool_name_mask=off or rollout.backend=local")
+NO_LOGITS_PROCESSOR = ("error: vLLM's HTTP server (rollout.vllm_server) cannot apply the per-token tool-name mask; "
+                       "leave rollout.vllm_server unset (the in-process engine applies it) or set "
+                       "rollout.tool_name_mask=off")
+OUT_OF_PROCESS = ("error: rollout.backend=vllm applies the tool-name mask only with the engine core in this process; "
+                  "unset VLLM_ENABLE_V1_MULTIPROCESSING (or set it to 0) or set rollout.tool_name_mask=off")
 
 
 def row_seed(seed: int | None, row: int) -> int | None:
@@ -75,6 +82,9 @@ class VLLMPolicy:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the run's torch threads alone
         from vllm import LLM
 
+        from agentgrad.backends.vllm_logits import RowLogitsProcessor
+
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         self.eos_token_ids = tuple(eos_token_ids)
         # float32 as the learner scores; kv_cache_memory_bytes instead of a memory fraction, which the CPU
         # backend checks against the whole machine's free memory. No chunked prefill: a seeded request whose prompt
@@ -84,27 +94,32 @@ class VLLMPolicy:
             self.llm = LLM(model=str(model_dir), dtype="float32", enable_prefix_caching=True,
                            logprobs_mode="processed_logprobs", seed=seed, skip_tokenizer_init=True,
                            kv_cache_memory_bytes=kv_cache_mb << 20, max_model_len=max_model_len,
-                           enable_chunked_prefill=False)
+                           enable_chunked_prefill=False, logits_processors=[RowLogitsProcessor])
         self.weights_loaded = 0  # in-place weight reloads so far
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
                  logits_processor: LogitsProcessor | None = None) -> list[Generation]:
-        """One turn per prompt; row b is seeded from (sampling.seed, b)."""
+        """One turn per prompt; row b is seeded from (sampling.seed, b). `logits_processor` sees row b and the ids
+        row b generated so far, as with `HFPolicy.generate`."""
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
-        if logits_processor is not None:
-            raise ValueError(NO_LOGITS_PROCESSOR)
+        from agentgrad.backends.vllm_logits import EXTRA_ARG, registered
+
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        params = [VSampling(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                            top_p=sampling.top_p, seed=row_seed(sampling.seed, b), logprobs=0,
-                            stop_token_ids=list(self.eos_token_ids), detokenize=False, skip_special_tokens=False)
-                  for b in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
+        if logits_processor is not None and not self.in_process:
+            raise ValueError(OUT_OF_PROCESS)
+        with registered(logits_processor) if logits_processor is not None else nullcontext(None) as call:
+            params = [VSampling(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p, seed=row_seed(sampling.seed, b), logprobs=0,
+                                stop_token_ids=list(self.eos_token_ids), detokenize=False, skip_special_tokens=False,
+                                extra_args=None if call is None else {EXTRA_ARG: [call, b]})
+                      for b in range(len(prompts))]
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                        use_tqdm=False)
         return [_generation(out.outputs[0]) for out in outputs]
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
