@@ -1,6 +1,8 @@
 """ReST from a BC start, per suite and seed: held-out success at BC's stop and after ReST (by hand, not in CI).
 
     python benchmarks/rest_suites.py --suites arithmetic sql-qa --seeds 0 1 2 --out runs/bench-rest
+    python benchmarks/rest_suites.py --suites code --seeds 0 1 2 --out runs/bench-rest-code3 \
+        --set "env.options={kinds: [primes_below, collatz_steps, digit_sum_power]}"
     python benchmarks/rest_suites.py --table runs/bench-rest/results.jsonl
 
 Each (suite, seed) trains BC once with the run's stop rule (a partial policy; cached in --out), evaluates it on
@@ -29,9 +31,13 @@ BC = ["bc.steps=400", "bc.eval_tasks=48", "bc.num_demos=500", "bc.lr=3e-3", "bc.
       "bc.stop_at_success=0.3"]
 
 
+# Extra overrides of both BC and ReST (--set), e.g. a suite's options; kept in each results row.
+EXTRA: list[str] = []
+
+
 def base_overrides(suite: str, seed: int) -> list[str]:
     env = [PRODUCTS] if suite == "arithmetic" else [f"env={suite}"]
-    return [*env, *SHAPE, *BC, "eval.num_tasks=200", "run.progress=false", "run.threads=1", f"run.seed={seed}",
+    return [*env, *SHAPE, *BC, *EXTRA, "eval.num_tasks=200", "run.progress=false", "run.threads=1", f"run.seed={seed}",
             "run.name=bc"]
 
 
@@ -92,6 +98,8 @@ def table(rows: list[dict]) -> str:
         lift = r["end"]["success_rate"] - r["start"]["success_rate"]
         clear = "yes" if r["end"]["ci95"][0] > r["start"]["ci95"][1] else "no"
         variant = f"{r['label']} ({' '.join(r['rest']) or 'defaults'})"
+        if r.get("set"):
+            variant += f"; --set {' '.join(r['set'])}"
         lines.append(f"| {r['suite']} | {r['seed']} | {variant} | {fmt_eval(r['start'])} | {fmt_eval(r['end'])} "
                      f"| {lift * 100:+.1f} | {clear} | {r['bc_wall_s']:.0f} s | {r['rest_wall_s']:.0f} s |")
     return "\n".join(lines)
@@ -103,6 +111,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rest", nargs="*", default=[], help="rest.* overrides of the ReST run")
     ap.add_argument("--label", default="default", help="name of this variant in the table")
+    ap.add_argument("--set", nargs="*", default=[], help="overrides of BC and ReST both (use a separate --out: "
+                    "BC starts are cached per suite and seed), e.g. env.options={kinds: [primes_below]}")
     ap.add_argument("--bc-only", action="store_true", help="only train (and cache) the BC starts")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-rest"))
     ap.add_argument("--table", type=Path, default=None, help="print the table of a results.jsonl and exit")
@@ -110,6 +120,7 @@ def main() -> int:
     if args.table is not None:
         print(table([json.loads(x) for x in args.table.read_text().splitlines() if x.strip()]))
         return 0
+    EXTRA[:] = args.set
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for suite in args.suites:
@@ -119,8 +130,8 @@ def main() -> int:
             if args.bc_only:
                 continue
             end, wall, records = run_rest(suite, seed, checkpoint, args.rest, args.out)
-            row = {"suite": suite, "seed": seed, "label": args.label, "rest": args.rest, "start": start, "end": end,
-                   "bc_wall_s": bc_wall, "rest_wall_s": wall,
+            row = {"suite": suite, "seed": seed, "label": args.label, "rest": args.rest, "set": args.set,
+                   "start": start, "end": end, "bc_wall_s": bc_wall, "rest_wall_s": wall,
                    "rollout_success": [m.get("rollout/success_rate") for m in records]}
             with (args.out / "results.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
