@@ -5,7 +5,9 @@
    (`--value-tasks` x 4 samples); this is amortised across tasks and not counted in any per-task budget.
 3. On `--tasks` held-out tasks: search at each `--top-k` (0 = keep all), and best-of-N for N in `--n`; each row
    prints success (the search or any of the N samples reached a verified success) and the mean per-task cost in
-   generated tokens and tool calls (the search's replays that restore nodes included).
+   generated tokens and tool calls (the search's replays that restore nodes included); then best-of-k at each
+   search's budget (the smallest k costing at least as much in both, pass@k over the last best-of-N's samples).
+   `--split test` compares on the validation split instead, to choose settings without the held-out tasks.
 
     python benchmarks/search_vs_sampling.py --bc-out /tmp/bc --suite arithmetic-products
 """
@@ -98,6 +100,7 @@ def main() -> None:
     print(f"\n{args.suite}, {len(tasks)} {args.split} tasks, seed {args.seed}, mcts: "
           f"{config.mcts.simulations} simulations, {config.mcts.samples_per_expansion} samples per expansion\n")
     print("| method | success [95% CI] | tokens / task | tool calls / task | wall |\n|---|---|---|---|---|")
+    budgets: list[tuple[str, float, float]] = []  # each search's name and mean cost per task
     for k in args.top_k:
         c.config = config.model_copy(update={"mcts": config.mcts.model_copy(update={"top_k": k})})
         t0 = time.perf_counter()
@@ -112,9 +115,10 @@ def main() -> None:
                                for i in range(max((max(d, default=0) for d in depths), default=0) + 1))
         name = (f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest}; expanded per tree at "
                 f"depth 0 / 1 / ...: {per_depth}; {seen:.2f} distinct candidates per expansion)")
-        row(name, sum(r.success for r in results), len(results),
-            sum(r.generated_tokens for r in results) / len(results),
-            sum(r.tool_calls for r in results) / len(results), time.perf_counter() - t0)
+        tokens, calls = (sum(r.generated_tokens for r in results) / len(results),
+                         sum(r.tool_calls for r in results) / len(results))
+        row(name, sum(r.success for r in results), len(results), tokens, calls, time.perf_counter() - t0)
+        budgets.append((f"K={k or 'all'}", tokens, calls))
     c.config = config
     for n in args.n:
         t0 = time.perf_counter()
@@ -124,6 +128,25 @@ def main() -> None:
         row(f"best-of-{n}", sum(any(s.success for s in g.samples) for g in groups), len(groups),
             sum(s.trajectory.num_generated_tokens for s in samples) / len(groups), calls / len(groups),
             time.perf_counter() - t0)
+    matched_budget(groups, budgets)
+
+
+def matched_budget(groups: list, budgets: list[tuple[str, float, float]]) -> None:
+    """Best-of-k at each search's budget: the smallest k whose mean cost is at least the search's in both
+    generated tokens and tool calls, its success the unbiased pass@k estimate (Chen et al. 2021:
+    1 - C(n - c, k) / C(n, k) per task, c of the n samples successful) over the last best-of-n's samples."""
+    n = len(groups[0].samples)
+    samples = [s for g in groups for s in g.samples]
+    tokens = sum(s.trajectory.num_generated_tokens for s in samples) / len(samples)  # per sample
+    calls = sum(isinstance(t.action, ToolCall) for s in samples for t in s.trajectory.turns) / len(samples)
+    for name, search_tokens, search_calls in budgets:
+        k = math.ceil(max(search_tokens / tokens, search_calls / max(calls, 1e-9)))
+        if k > n:
+            print(f"| best-of-k at search {name}'s budget | needs k = {k} > {n} samples | | | |")
+            continue
+        expected = sum(1 - math.comb(n - sum(s.success for s in g.samples), k) / math.comb(n, k) for g in groups)
+        print(f"| best-of-{k} at search {name}'s budget (pass@{k} of the {n} samples) | {expected:.1f}/{len(groups)} "
+              f"= {expected / len(groups):.0%} | {k * tokens:.0f} | {k * calls:.1f} | |", flush=True)
 
 
 if __name__ == "__main__":
