@@ -5,7 +5,9 @@
    (`--value-tasks` x 4 samples); this is amortised across tasks and not counted in any per-task budget.
 3. On `--tasks` held-out tasks: search at each `--top-k` (0 = keep all), and best-of-N for N in `--n`; each row
    prints success (the search or any of the N samples reached a verified success) and the mean per-task cost in
-   generated tokens and tool calls (the search's replays that restore nodes included).
+   generated tokens and tool calls (the search's replays that restore nodes included); then best-of-k at each
+   search's budget (the smallest k costing at least as much in both, pass@k over the last best-of-N's samples).
+   `--split test` compares on the validation split instead, to choose settings without the held-out tasks.
 
     python benchmarks/search_vs_sampling.py --bc-out /tmp/bc --suite arithmetic-products
 """
@@ -24,7 +26,7 @@ from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.mcts import examples_of, run_search
 from agentgrad.pipelines.rl import rl_tasks, rollout_groups
 from agentgrad.pipelines.train import train
-from agentgrad.search.tree import iter_nodes
+from agentgrad.search.tree import expanded_per_depth, iter_nodes
 from agentgrad.search.value import CriticValues, calibration_metrics, fit_values
 from agentgrad.types import ToolCall
 
@@ -36,10 +38,14 @@ SUITES = {
         "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=192", "model.tiny.tokenizer_corpus_episodes=100",
         "bc.steps=400", "bc.eval_tasks=48", "bc.num_demos=500", "bc.lr=3e-3", "bc.lr_scale_near_target=1.0",
         "bc.stop_at_success=0.3"],
-    # login, a lookup, a weather lookup and the answer: 4 turns among 228 APIs.
-    # BC as docs/action-space.md trains it (1,500 steps of 16 episodes, lr 3e-3, 1,000 demos), stopped at 30%.
-    "api-catalog": ["env.name=api-catalog", "bc.steps=1500", "bc.lr=3e-3", "bc.num_demos=1000", "bc.eval_tasks=48",
-                    "bc.stop_at_success=0.3"],
+    # 1-3 calls among 228 APIs (login, a lookup, a weather lookup), then the answer.
+    # BC as docs/action-space.md trains it (its model: 64 wide, 2 layers; 1,500 steps of 16 episodes, lr 3e-3,
+    # 1,000 demos), all 1,500 steps: no stop rule, whose validation every step after the first success cost
+    # more than the steps (~1 s a check of 48 tasks against ~0.15 s a step).
+    "api-catalog": ["env=api-catalog", "model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=4",
+                    "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=192",
+                    "model.tiny.tokenizer_corpus_episodes=200", "bc.steps=1500", "bc.batch_size_episodes=16",
+                    "bc.lr=3e-3", "bc.num_demos=1000", "bc.stop_at_success=null"],
 }
 
 
@@ -68,6 +74,8 @@ def main() -> None:
     p.add_argument("--top-k", type=int, nargs="+", default=[5, 0])
     p.add_argument("--n", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="heldout", help="tasks to compare on ('test': the validation split, for "
+                   "choosing settings without looking at the held-out tasks)")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="a config override (repeatable)")
     args = p.parse_args()
     base = [*SUITES[args.suite], f"run.seed={args.seed}", "run.progress=false", *args.overrides]
@@ -88,19 +96,29 @@ def main() -> None:
     ece = calibration_metrics(CriticValues(critic, c.pad_token_id).predict(examples)).get("value/ece", float("nan"))
     print(f"value model: {len(examples)} episodes, loss {fitted['value/loss_first']:.3f} -> "
           f"{fitted['value/loss_last']:.3f}, in-sample ECE {ece:.3f}", flush=True)
-    tasks = c.suite.sample_tasks(args.tasks, split="heldout", seed=args.seed)
-    print(f"\n{args.suite}, {len(tasks)} held-out tasks, seed {args.seed}, mcts: "
+    tasks = c.suite.sample_tasks(args.tasks, split=args.split, seed=args.seed)
+    print(f"\n{args.suite}, {len(tasks)} {args.split} tasks, seed {args.seed}, mcts: "
           f"{config.mcts.simulations} simulations, {config.mcts.samples_per_expansion} samples per expansion\n")
     print("| method | success [95% CI] | tokens / task | tool calls / task | wall |\n|---|---|---|---|---|")
+    budgets: list[tuple[str, float, float]] = []  # each search's name and mean cost per task
     for k in args.top_k:
         c.config = config.model_copy(update={"mcts": config.mcts.model_copy(update={"top_k": k})})
         t0 = time.perf_counter()
         results = run_search(c, critic, tasks, 10_000)
         widest = max(len(n.children) for r in results for n in iter_nodes(r.root))
-        name = f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest})"
-        row(name, sum(r.success for r in results), len(results),
-            sum(r.generated_tokens for r in results) / len(results),
-            sum(r.tool_calls for r in results) / len(results), time.perf_counter() - t0)
+        expanded = [n for r in results for n in iter_nodes(r.root) if n.expanded]
+        # distinct candidates an expansion or widening saw before pruning (each widening used is one more event)
+        events = sum(1 + config.mcts.widenings - n.widenings_left for n in expanded)
+        seen = sum(n.candidates for n in expanded) / max(1, events)
+        depths = [expanded_per_depth(r.root) for r in results]
+        per_depth = " / ".join(f"{sum(d.get(i, 0) for d in depths) / len(depths):.2f}"
+                               for i in range(max((max(d, default=0) for d in depths), default=0) + 1))
+        name = (f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest}; expanded per tree at "
+                f"depth 0 / 1 / ...: {per_depth}; {seen:.2f} distinct candidates per expansion)")
+        tokens, calls = (sum(r.generated_tokens for r in results) / len(results),
+                         sum(r.tool_calls for r in results) / len(results))
+        row(name, sum(r.success for r in results), len(results), tokens, calls, time.perf_counter() - t0)
+        budgets.append((f"K={k or 'all'}", tokens, calls))
     c.config = config
     for n in args.n:
         t0 = time.perf_counter()
@@ -110,6 +128,25 @@ def main() -> None:
         row(f"best-of-{n}", sum(any(s.success for s in g.samples) for g in groups), len(groups),
             sum(s.trajectory.num_generated_tokens for s in samples) / len(groups), calls / len(groups),
             time.perf_counter() - t0)
+    matched_budget(groups, budgets)
+
+
+def matched_budget(groups: list, budgets: list[tuple[str, float, float]]) -> None:
+    """Best-of-k at each search's budget: the smallest k whose mean cost is at least the search's in both
+    generated tokens and tool calls, its success the unbiased pass@k estimate (Chen et al. 2021:
+    1 - C(n - c, k) / C(n, k) per task, c of the n samples successful) over the last best-of-n's samples."""
+    n = len(groups[0].samples)
+    samples = [s for g in groups for s in g.samples]
+    tokens = sum(s.trajectory.num_generated_tokens for s in samples) / len(samples)  # per sample
+    calls = sum(isinstance(t.action, ToolCall) for s in samples for t in s.trajectory.turns) / len(samples)
+    for name, search_tokens, search_calls in budgets:
+        k = math.ceil(max(search_tokens / tokens, search_calls / max(calls, 1e-9)))
+        if k > n:
+            print(f"| best-of-k at search {name}'s budget | needs k = {k} > {n} samples | | | |")
+            continue
+        expected = sum(1 - math.comb(n - sum(s.success for s in g.samples), k) / math.comb(n, k) for g in groups)
+        print(f"| best-of-{k} at search {name}'s budget (pass@{k} of the {n} samples) | {expected:.1f}/{len(groups)} "
+              f"= {expected / len(groups):.0%} | {k * tokens:.0f} | {k * calls:.1f} | |", flush=True)
 
 
 if __name__ == "__main__":
