@@ -69,6 +69,7 @@ def train(
     """Train: BC warm-up on expert demonstrations, then online RL; held-out success after each."""
     from agentgrad.config import ConfigError, build_config, load_config, read_yaml
     from agentgrad.pipelines.launch import (
+        end_rank_process,
         follow_rank_zero,
         init_processes,
         launched,
@@ -124,9 +125,11 @@ def train(
                  "run again under another run.name (run.checkpoint_every=0 left no run-state checkpoint to "
                  "resume from; set it > 0 to make a run resumable)"))
     finally:
-        leave_processes()  # a sharded learner's group, before exit (see there)
+        leave_processes()  # a sharded learner's group
     typer.echo(json.dumps({k: summary[k] for k in ("run_dir", "initial_success_rate", "final_success_rate",
                                                    "wall_time_s")}))
+    if launched():  # a rank of a sharded run (see there)
+        end_rank_process()
 
 
 @app.command("eval")
