@@ -41,3 +41,18 @@ def test_select_trims_padding():
     short = Trajectory(Task("s", "p", "1"), (1, 2), (0, 1), (0.0, -1.0), 1, (), StopReason.MAX_TOKENS)
     b = collate([_traj(), short], pad_token_id=0)
     assert b.select(torch.tensor([1])).input_ids.shape == (1, 2)
+
+
+def test_components_collate_puts_the_batch_where_the_model_is():
+    # the meta device stands in for a GPU: a batch left on the CPU here is what broke BC's first step on CUDA
+    from agentgrad.models.hf import LoadedModel
+    from agentgrad.pipelines.components import Components
+
+    model = torch.nn.Linear(2, 2, device="meta")
+    fields = dict.fromkeys(("config", "suite", "codec", "policy", "learner", "reward_fn", "limits", "sampler"))
+    c = Components(loaded=LoadedModel(model, None, (2,), 0), **fields)
+    batch = c.collate([ScoredTrajectory(_traj(), RewardBreakdown(1.0, (0.1, 0.2)), True)], group_index=[0])
+    tensors = [batch.input_ids, batch.attention_mask, batch.loss_mask, batch.old_logprobs, batch.token_rewards,
+               batch.group_index]
+    assert c.device.type == "meta" and all(t.device.type == "meta" for t in tensors)
+    assert batch.input_ids.shape == (1, 10)

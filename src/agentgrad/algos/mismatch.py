@@ -54,14 +54,14 @@ def mismatch_stats(learner_logprobs: Tensor, sampler_logprobs: Tensor, loss_mask
     diff = (learner_logprobs.detach() - sampler_logprobs.detach())[m].double()  # (n,)
     n = diff.numel()
     if n == 0:
-        zero = torch.zeros((), dtype=torch.float64)
-        hist = torch.zeros(len(ABS_DIFF_EDGES) + 1, dtype=torch.float64)
+        zero = diff.new_zeros(())
+        hist = diff.new_zeros(len(ABS_DIFF_EDGES) + 1)
         hist[0] = 1.0
-        return MismatchStats(zero, zero, zero, torch.ones(len(RATIO_QUANTILES), dtype=torch.float64), hist, 0)
+        return MismatchStats(zero, zero, zero, diff.new_ones(len(RATIO_QUANTILES)), hist, 0)
     abs_diff = diff.abs()  # (n,)
     ratio = torch.exp(diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (n,)
-    quantiles = torch.quantile(ratio, torch.tensor(RATIO_QUANTILES, dtype=torch.float64))  # (Q,)
-    bucket = torch.bucketize(abs_diff, torch.tensor(ABS_DIFF_EDGES, dtype=torch.float64), right=True)  # (n,)
+    quantiles = torch.quantile(ratio, diff.new_tensor(RATIO_QUANTILES))  # (Q,)
+    bucket = torch.bucketize(abs_diff, diff.new_tensor(ABS_DIFF_EDGES), right=True)  # (n,)
     hist = torch.bincount(bucket, minlength=len(ABS_DIFF_EDGES) + 1).double() / n  # (E + 1,)
     return MismatchStats(diff.mean(), abs_diff.mean(), abs_diff.max(), quantiles, hist, n)
 

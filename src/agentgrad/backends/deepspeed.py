@@ -57,8 +57,9 @@ class DeepSpeedLearner(TorchLearner):
         skipped = not torch.isfinite(torch.tensor(grad_norm))
         return {"train/grad_norm": grad_norm, "train/skipped_steps": float(skipped)}
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The unsharded weights on every rank (ZeRO-3 gathers its partitions for the copy)."""
+    def full_state_dict(self, on_device: bool = True) -> dict[str, torch.Tensor]:
+        """The unsharded weights on every rank, on the model's device (ZeRO-3 gathers its partitions for the
+        copy); `on_device` is FSDPLearner's option, always true here."""
         import deepspeed
 
         params = list(self.model.parameters())

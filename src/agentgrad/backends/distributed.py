@@ -85,8 +85,9 @@ class _Replica:
         self.outputs: list[torch.Tensor] = []
 
     def logprobs(self, batch: TokenBatch, temperature: float, grad: bool) -> torch.Tensor:
+        device = next(self.learner.model.parameters()).device  # this rank's (the batch travels on the CPU)
         with torch.set_grad_enabled(grad):
-            out = self.learner.logprobs(batch, temperature=temperature)  # (B, T)
+            out = self.learner.logprobs(batch.to(device), temperature=temperature)  # (B, T)
         if out.requires_grad:
             self.outputs.append(out)
         return out
@@ -103,7 +104,7 @@ class _Replica:
         if command == "step":
             return self.step(*args)
         if command == "full_state_dict":
-            return self.learner.full_state_dict()
+            return self.learner.full_state_dict(*args)
         if command == "set_lr":
             return self.learner.set_lr(*args)
         if command == "drop":
@@ -189,14 +190,15 @@ class ShardedLearner:
         return self.replica.run(command, args)
 
     def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
-        return self.call("logprobs", batch, temperature, torch.is_grad_enabled())  # (B, T)
+        # on the CPU: a CUDA tensor unpickles onto the sender's device index, not the receiving rank's GPU
+        return self.call("logprobs", batch.to("cpu"), temperature, torch.is_grad_enabled())  # (B, T)
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         outputs = self.replica.outputs
         grads = None
         if loss is not None:
             found = torch.autograd.grad(loss, outputs, allow_unused=True, retain_graph=True) if outputs else ()
-            grads = [g.detach() if g is not None else None for g in found]  # each (B, T) like its output
+            grads = [g.detach().cpu() if g is not None else None for g in found]  # each (B, T) like its output
         metrics = self.call("step", grads)
         started = time.perf_counter()
         self.sync_weights()
@@ -204,7 +206,7 @@ class ShardedLearner:
 
     def sync_weights(self) -> None:
         """Gather the updated weights (a collective) into the generation copy."""
-        full = self.call("full_state_dict")
+        full = self.call("full_state_dict", True)  # on_device: see FSDPLearner.full_state_dict
         result = self.generation_model.load_state_dict(full, strict=False)
         tied = getattr(getattr(self.generation_model, "config", None), "tie_word_embeddings", False)
         missing = set(result.missing_keys) - ({"lm_head.weight"} if tied else set())  # a tied head listed once

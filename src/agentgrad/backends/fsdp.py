@@ -69,11 +69,16 @@ class FSDPLearner(TorchLearner):
         self.optimizer.zero_grad(set_to_none=True)
         return {"train/grad_norm": float(grad_norm), "train/skipped_steps": float(skipped)}
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The unsharded weights (on CPU, every rank): what a checkpoint or the generation backend receives."""
+    def full_state_dict(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The unsharded weights (on CPU, every rank): what a checkpoint or the generation copy receives.
+        `on_device` (the weight sync) with one process: left on the model's device, so a sync on a GPU is one
+        device copy instead of two trips through host memory (the 0.5B preset on an H200: 1.3 s per update
+        through the CPU, measured). With several processes the gather stays on the CPU: on-device, every rank
+        would hold the whole model."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        offload = not (on_device and dist.get_world_size() == 1)
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
 
     def state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from agentgrad.algos.losses import sft_loss
-from agentgrad.batch import TokenBatch, collate, collate_head
+from agentgrad.batch import TokenBatch, collate_head
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
@@ -59,7 +59,7 @@ def bc_step(c: Components, demos: list[Trajectory], rng: random.Random, step: in
     lr = lr_scale * bc_lr(step, peak=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, schedule=cfg.lr_schedule)
     c.learner.set_lr(lr)
     picked = rng.sample(demos, min(cfg.batch_size_episodes, len(demos)))
-    batch = collate(picked, pad_token_id=c.pad_token_id)
+    batch = c.collate(picked)
     if c.tool_head is None:
         token_loss, head = sft_loss(c.learner.logprobs(one_group(batch) if cfg.shared_prefix else batch),
                                     batch.loss_mask), {}
@@ -83,7 +83,7 @@ def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBat
     """The LM's token loss (the head's names are not in it: loss_mask 0) and the head's NLL of the expert's
     tools, read from the same forward's hidden states at the call positions."""
     assert c.tool_head is not None
-    decisions = collate_head(picked, c.tool_head.tool_names)
+    decisions = collate_head(picked, c.tool_head.tool_names).to(c.device)
     logprobs, hidden = c.learner.logprobs_and_hidden(batch, decisions.row, decisions.position)  # (B, T), (D, H)
     head_loss = c.tool_head.bc_loss(hidden, decisions.legal, decisions.tool) if len(decisions.row) else hidden.sum()
     return sft_loss(logprobs, batch.loss_mask), head_loss

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import random
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from agentgrad.backends.base import Learner
 from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.backends.precision import ComputeDtype, resolve_compute_dtype
+from agentgrad.batch import TokenBatch, collate
 from agentgrad.config import Config, ModelConfig
 from agentgrad.envs import TaskSuite
 from agentgrad.envs import make_suite as build_suite
@@ -24,7 +26,7 @@ from agentgrad.models.lora import ADAPTER_DIR, Adapters, attach_lora, merge_save
 from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import INCREMENTAL_HINT, ChatCodec, ChatTemplateError
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
-from agentgrad.types import Message
+from agentgrad.types import Message, ScoredTrajectory, Trajectory
 
 
 @dataclass
@@ -48,6 +50,16 @@ class Components:
     @property
     def pad_token_id(self) -> int:
         return self.loaded.pad_token_id
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model (and so every batch the learner scores) lives."""
+        return next(self.loaded.model.parameters()).device
+
+    def collate(self, samples: Sequence[ScoredTrajectory | Trajectory], **options: Any) -> TokenBatch:
+        """The learner's batch: `batch.collate` pads on the CPU, then the batch moves to the model's device (a
+        no-op on CPU). Every stage builds its batches here, so none reaches a CUDA model from the CPU."""
+        return collate(samples, pad_token_id=self.pad_token_id, **options).to(self.device)
 
     @property
     def saved_model(self) -> Any:

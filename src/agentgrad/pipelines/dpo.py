@@ -22,7 +22,7 @@ import torch
 
 from agentgrad.algos.losses import dpo_loss, sequence_logprobs, sft_loss
 from agentgrad.backends.scoring import Scoring
-from agentgrad.batch import TokenBatch, collate
+from agentgrad.batch import TokenBatch
 from agentgrad.data.filters import preference_pairs
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import kill_point
@@ -35,8 +35,8 @@ from agentgrad.types import ScoredTrajectory
 
 def pair_batches(c: Components, pairs: Sequence[tuple[ScoredTrajectory, ScoredTrajectory]]
                  ) -> tuple[TokenBatch, TokenBatch]:
-    chosen = collate([p[0] for p in pairs], pad_token_id=c.pad_token_id)
-    rejected = collate([p[1] for p in pairs], pad_token_id=c.pad_token_id)
+    chosen = c.collate([p[0] for p in pairs])
+    rejected = c.collate([p[1] for p in pairs])
     return chosen, rejected
 
 

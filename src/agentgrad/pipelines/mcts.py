@@ -24,7 +24,6 @@ import torch
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.backends.base import SamplingParams
-from agentgrad.batch import collate
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import kill_point
 from agentgrad.logging import RunLogger
@@ -115,8 +114,7 @@ def clone(c: Components, paths: Sequence[Trajectory], rng: random.Random, step: 
     c.learner.set_lr(cfg.lr)
     losses = []
     for _ in range(cfg.sft_steps):
-        batch = collate(rng.sample(list(paths), min(cfg.batch_size_episodes, len(paths))),
-                        pad_token_id=c.pad_token_id)
+        batch = c.collate(rng.sample(list(paths), min(cfg.batch_size_episodes, len(paths))))
         loss = sft_loss(c.learner.logprobs(batch), batch.loss_mask)
         c.learner.step(loss)
         kill_point("update", step)

@@ -19,7 +19,7 @@ def monitor_mismatch(config: MismatchConfig, batch: TokenBatch, learner_logprobs
                      ) -> tuple[TokenBatch, dict[str, float]]:
     """Mismatch metrics over rows [0, num_fresh) of `batch` against `learner_logprobs` (B, T), and the batch with
     those rows corrected when the config says so (`mismatch/corrected` is 1.0 then)."""
-    fresh = torch.arange(batch.num_sequences) < num_fresh  # (B,)
+    fresh = torch.arange(batch.num_sequences, device=batch.loss_mask.device) < num_fresh  # (B,)
     fresh_mask = batch.loss_mask * fresh[:, None].to(batch.loss_mask.dtype)  # (B, T)
     stats = mismatch_stats(learner_logprobs, batch.old_logprobs, fresh_mask)
     metrics = mismatch_metrics(stats)

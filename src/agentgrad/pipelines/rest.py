@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from agentgrad.algos.losses import sft_loss
-from agentgrad.batch import collate
 from agentgrad.data.filters import above_threshold, per_task_cap, rest_threshold
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.faults import kill_point
@@ -57,7 +56,7 @@ def improve(c: Components, kept: Sequence[ScoredTrajectory], rng: random.Random,
         n_demos = round(cfg.demo_fraction * cfg.batch_size_episodes) if demos else 0
         picked = [*rng.sample(list(kept), min(cfg.batch_size_episodes - n_demos, len(kept))),
                   *rng.sample(list(demos), min(n_demos, len(demos)))]
-        batch = collate(picked, pad_token_id=c.pad_token_id)
+        batch = c.collate(picked)
         loss = sft_loss(c.learner.logprobs(batch), batch.loss_mask)
         c.learner.step(loss)
         kill_point("update", step)

@@ -23,7 +23,7 @@ from agentgrad.algos.losses import masked_mean, ppo_clip_loss, value_loss
 from agentgrad.algos.values import explained_variance
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.scoring import Scoring
-from agentgrad.batch import TokenBatch, collate
+from agentgrad.batch import TokenBatch
 from agentgrad.data.filters import select_signal_groups
 from agentgrad.data.replay import ReplayBuffer
 from agentgrad.data.store import TrajectoryStore
@@ -202,9 +202,8 @@ def collect_groups(c: Components, step: int, num_groups: int | None = None,
 
 def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
     samples = [s for g in groups for s in g.samples]
-    return collate(samples, pad_token_id=c.pad_token_id,
-                   group_index=[i for i, g in enumerate(groups) for _ in g.samples],
-                   head_tools=c.tool_head.tool_names if c.tool_head is not None else None)
+    return c.collate(samples, group_index=[i for i, g in enumerate(groups) for _ in g.samples],
+                     head_tools=c.tool_head.tool_names if c.tool_head is not None else None)
 
 
 # ---- per-step tensors ---------------------------------------------------------------------------------------
@@ -261,7 +260,7 @@ def correct_off_policy(c: Components, state: RLState, batch: TokenBatch, num_fre
     prox = proximal_logprobs(c, state.scoring, batch)  # (B, T)
     metrics: dict[str, float] = {}
     if has_replayed:
-        replayed = torch.arange(batch.num_sequences) >= num_fresh  # (B,)
+        replayed = torch.arange(batch.num_sequences, device=batch.loss_mask.device) >= num_fresh  # (B,)
         batch, metrics = off_policy_correction(c.config, batch, prox, replayed)
     if c.config.mismatch.scores:
         batch, monitored = monitor_mismatch(c.config.mismatch, batch, prox, num_fresh)
