@@ -59,9 +59,10 @@ class HeadBatch:
 
     def select(self, rows: torch.Tensor | slice, num_rows: int) -> HeadBatch:
         """The decisions of batch rows `rows` (of `num_rows`), renumbered as the selected batch's rows."""
-        picked = torch.arange(num_rows)[rows]  # (b,)
-        new_row = torch.full((num_rows,), -1, dtype=torch.long)
-        new_row[picked] = torch.arange(len(picked))
+        device = self.row.device
+        picked = torch.arange(num_rows, device=device)[rows]  # (b,)
+        new_row = torch.full((num_rows,), -1, dtype=torch.long, device=device)
+        new_row[picked] = torch.arange(len(picked), device=device)
         keep = new_row[self.row] >= 0  # (D,)
         return HeadBatch(new_row[self.row][keep], self.position[keep], self.tool[keep], self.legal[keep],
                          self.old_logprob[keep])

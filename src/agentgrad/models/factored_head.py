@@ -74,7 +74,7 @@ class FactoredToolHead(nn.Module):
         mask = self.legal_mask([legal], device=hidden.device)  # (1, N)
         logp = self(hidden[None].to(self.tool_head.weight.dtype), mask, temperature)  # (1, N)
         if temperature > 0:
-            index = int(sample_rows(logp, torch.tensor([uniform], dtype=torch.float64))[0])
+            index = int(sample_rows(logp, torch.tensor([uniform], dtype=torch.float64, device=logp.device))[0])
         else:
             index = int(logp.argmax(-1))
         return self.tool_names[index], float(logp[0, index])
