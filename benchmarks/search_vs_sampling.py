@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--split", default="heldout", help="tasks to compare on ('test': the validation split, for "
                    "choosing settings without looking at the held-out tasks)")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="a config override (repeatable)")
+    p.add_argument("--variant", action="append", default=[], help="mcts settings of one more search row, as "
+                   "space-separated key=value (e.g. 'coverage=0.9 expansion_batch=2'); repeatable")
     args = p.parse_args()
     base = [*SUITES[args.suite], f"run.seed={args.seed}", "run.progress=false", *args.overrides]
     checkpoint = args.checkpoint
@@ -100,25 +102,28 @@ def main() -> None:
     print(f"\n{args.suite}, {len(tasks)} {args.split} tasks, seed {args.seed}, mcts: "
           f"{config.mcts.simulations} simulations, {config.mcts.samples_per_expansion} samples per expansion\n")
     print("| method | success [95% CI] | tokens / task | tool calls / task | wall |\n|---|---|---|---|---|")
-    budgets: list[tuple[str, float, float]] = []  # each search's name and mean cost per task
-    for k in args.top_k:
-        c.config = config.model_copy(update={"mcts": config.mcts.model_copy(update={"top_k": k})})
+    budgets: list[tuple[str, float, float, list[bool]]] = []  # each search: name, mean cost per task, successes
+    variants = [dict(kv.split("=", 1) for kv in v.split()) for v in args.variant] or [{}]
+    for variant, k in [(v, k) for v in variants for k in args.top_k]:
+        mcts = config.mcts.model_validate({**config.mcts.model_dump(), **variant, "top_k": k})
+        c.config = config.model_copy(update={"mcts": mcts})
         t0 = time.perf_counter()
         results = run_search(c, critic, tasks, 10_000)
         widest = max(len(n.children) for r in results for n in iter_nodes(r.root))
         expanded = [n for r in results for n in iter_nodes(r.root) if n.expanded]
         # distinct candidates an expansion or widening saw before pruning (each widening used is one more event)
-        events = sum(1 + config.mcts.widenings - n.widenings_left for n in expanded)
+        events = sum(1 + mcts.widenings - n.widenings_left for n in expanded)
         seen = sum(n.candidates for n in expanded) / max(1, events)
         depths = [expanded_per_depth(r.root) for r in results]
         per_depth = " / ".join(f"{sum(d.get(i, 0) for d in depths) / len(depths):.2f}"
                                for i in range(max((max(d, default=0) for d in depths), default=0) + 1))
-        name = (f"search K={k or 'all'}, {config.mcts.widenings} widenings (widest {widest}; expanded per tree at "
+        label = f"K={k or 'all'}" + "".join(f" {key}={value}" for key, value in variant.items())
+        name = (f"search {label}, {mcts.widenings} widenings (widest {widest}; expanded per tree at "
                 f"depth 0 / 1 / ...: {per_depth}; {seen:.2f} distinct candidates per expansion)")
         tokens, calls = (sum(r.generated_tokens for r in results) / len(results),
                          sum(r.tool_calls for r in results) / len(results))
         row(name, sum(r.success for r in results), len(results), tokens, calls, time.perf_counter() - t0)
-        budgets.append((f"K={k or 'all'}", tokens, calls))
+        budgets.append((label, tokens, calls, [r.success for r in results]))
     c.config = config
     for n in args.n:
         t0 = time.perf_counter()
@@ -131,22 +136,35 @@ def main() -> None:
     matched_budget(groups, budgets)
 
 
-def matched_budget(groups: list, budgets: list[tuple[str, float, float]]) -> None:
+def matched_budget(groups: list, budgets: list[tuple[str, float, float, list[bool]]]) -> None:
     """Best-of-k at each search's budget: the smallest k whose mean cost is at least the search's in both
     generated tokens and tool calls, its success the unbiased pass@k estimate (Chen et al. 2021:
-    1 - C(n - c, k) / C(n, k) per task, c of the n samples successful) over the last best-of-n's samples."""
+    1 - C(n - c, k) / C(n, k) per task, c of the n samples successful) over the last best-of-n's samples.
+    Then the paired difference on the same tasks (search's 0/1 minus the task's pass@k): its mean with a normal
+    95% interval over tasks, and the tasks where one side is ahead (search solved it while pass@k < 1/2, or
+    failed it while pass@k > 1/2)."""
     n = len(groups[0].samples)
     samples = [s for g in groups for s in g.samples]
     tokens = sum(s.trajectory.num_generated_tokens for s in samples) / len(samples)  # per sample
     calls = sum(isinstance(t.action, ToolCall) for s in samples for t in s.trajectory.turns) / len(samples)
-    for name, search_tokens, search_calls in budgets:
+    for name, search_tokens, search_calls, successes in budgets:
         k = math.ceil(max(search_tokens / tokens, search_calls / max(calls, 1e-9)))
         if k > n:
             print(f"| best-of-k at search {name}'s budget | needs k = {k} > {n} samples | | | |")
             continue
-        expected = sum(1 - math.comb(n - sum(s.success for s in g.samples), k) / math.comb(n, k) for g in groups)
+        per_task = [1 - math.comb(n - sum(s.success for s in g.samples), k) / math.comb(n, k) for g in groups]
+        expected = sum(per_task)
         print(f"| best-of-{k} at search {name}'s budget (pass@{k} of the {n} samples) | {expected:.1f}/{len(groups)} "
               f"= {expected / len(groups):.0%} | {k * tokens:.0f} | {k * calls:.1f} | |", flush=True)
+        diffs = [float(won) - p for won, p in zip(successes, per_task)]
+        mean = sum(diffs) / len(diffs)
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1))
+        half = 1.96 * sd / math.sqrt(len(diffs))
+        ahead = sum(won and p < 0.5 for won, p in zip(successes, per_task))
+        behind = sum(not won and p > 0.5 for won, p in zip(successes, per_task))
+        print(f"paired, search {name} minus pass@{k}: {mean * 100:+.1f} points [{(mean - half) * 100:+.1f}, "
+              f"{(mean + half) * 100:+.1f}] over {len(diffs)} tasks; search ahead on {ahead}, behind on {behind}; "
+              f"per-task diffs: {' '.join(f'{d:.4f}' for d in diffs)}", flush=True)
 
 
 if __name__ == "__main__":

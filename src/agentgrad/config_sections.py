@@ -162,15 +162,25 @@ class MctsConfig(Section):
     trees_per_iteration: int = Field(16, gt=0, description="Tasks searched per round, one tree each, all at once "
                                      "(their candidate sampling shares one decode batch).")
     simulations: int = Field(16, gt=0, description="Simulations per tree (each selects one leaf by PUCT, restores "
-                             "it by replay, and evaluates or expands it).")
+                             "it (snapshot or replay), and evaluates or expands it).")
     max_generated_tokens: int = Field(0, ge=0, description="Per-tree budget of generated tokens (every candidate "
                                       "sampled, pruned or not, and rollout turns); 0: none.")
     max_tool_calls: int = Field(0, ge=0, description="Per-tree budget of tool calls (replays that restore nodes "
                                 "included); 0: none.")
     top_k: int = Field(5, ge=0, description="Children kept per expansion, ranked by the value model's estimate "
                        "(5 to 10 keeps trees small where dozens of calls are legal); 0: keep all.")
-    samples_per_expansion: int = Field(8, gt=0, description="Candidate turns sampled per expanded node before "
-                                       "de-duplication by (tool, normalised arguments).")
+    samples_per_expansion: int = Field(8, gt=0, description="Most candidate turns sampled per expansion or "
+                                       "widening, before de-duplication by (tool, normalised arguments).")
+    expansion_batch: int = Field(0, ge=0, description="Candidates drawn per batch, up to samples_per_expansion, "
+                                 "with the coverage rule checked between batches; 0: all in one batch.")
+    coverage: float = Field(1.0, gt=0, le=1, description="A node draws no more candidates (nor widens) once the "
+                            "distinct turns drawn there hold this share of the sampling distribution's mass "
+                            "(their summed probability); 1.0: always samples_per_expansion.")
+    widen_until_new: bool = Field(False, description="A widening draws batches (expansion_batch) until a turn its "
+                                  "node's children lack appears, up to samples_per_expansion, whatever coverage "
+                                  "says: the tail the first draws skipped is searched where the tree ran out.")
+    snapshots: bool = Field(True, description="Restore a node from its env's snapshot where the env offers one "
+                            "(envs/base.py: SnapshotEnv) instead of replaying its tool calls.")
     widenings: int = Field(2, ge=0, description="Times a node whose children all ended (every sampled turn "
                            "tried) samples samples_per_expansion more and adds the top_k new ones (docs/search.md).")
     c_puct: float = Field(1.25, ge=0, description="PUCT exploration constant (AlphaZero's c_init).")

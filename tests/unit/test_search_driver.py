@@ -1,7 +1,8 @@
 """The search driver on the arithmetic suite with a scripted stochastic policy (known turn probabilities) and a
 scripted value function: trees share one `generate` call per round, nodes are restored by replaying their
 actions into fresh envs, every generated token and tool call is counted, pruning keeps at most K children,
-budgets stop trees, and search solves tasks the policy alone mostly fails."""
+budgets stop trees, and search solves tasks the policy alone mostly fails. Env snapshots restore nodes to the
+same episodes as replays, with each call run once; the coverage rule stops a node's draws at the stated mass."""
 
 import math
 import random
@@ -10,10 +11,11 @@ import re
 import pytest
 
 from agentgrad.backends.base import Generation, SamplingParams
-from agentgrad.envs.base import episode_success
+from agentgrad.envs import SUITES
+from agentgrad.envs.base import SnapshotEnv, episode_success
 from agentgrad.rollout.loop import EpisodeLimits, run_episodes
 from agentgrad.search.driver import SearchBudget, SearchSettings, TreeSearch, search_metrics
-from agentgrad.search.tree import iter_nodes
+from agentgrad.search.tree import iter_nodes, sampled_mass
 from agentgrad.types import FinalAnswer, ToolCall
 
 EXPR = re.compile(r"(\d+(?: [-+*] \d+)+) = \?")
@@ -206,3 +208,111 @@ def test_widening_samples_again_where_every_child_ended(arithmetic_suite, codec)
     assert any(len(r.root.children) > 1 for r in outcomes[4])  # some root was widened
     # measured 2/12 vs 9/12 (expected ~1/12 without widening)
     assert sum(r.success for r in outcomes[4]) >= sum(r.success for r in outcomes[0]) + 4
+
+
+# ---- env snapshots and the coverage rule ----------------------------------------------------------------------
+
+
+def test_api_catalog_env_state_survives_a_snapshot_and_later_steps_do_not_touch_it():
+    suite = SUITES.get("api-catalog")(kinds=["auth_single"])
+    [task] = suite.sample_tasks(1, split="train", seed=0)
+    login, lookup = suite.expert_actions(task)[:2]
+    env = suite.make_env()
+    env.reset(seed=0, options={"task": task})
+    assert isinstance(env, SnapshotEnv)
+    public = env.legal_actions()
+    assert env.step(login)[4]["tool_ok"] and lookup.name not in public.tools
+    state = env.snapshot()
+    expected = env.step(lookup)
+    env.step(ToolCall("auth.logout", {}))  # after the snapshot: must not reach it
+
+    other = suite.make_env()
+    other.reset(seed=0, options={"task": task})
+    assert lookup.name not in other.legal_actions().tools
+    other.restore(state)
+    assert lookup.name in other.legal_actions().tools  # logged in, as at the snapshot
+    assert other.step(lookup) == expected
+    assert other.step(FinalAnswer(task.answer))[4]["success"]
+
+
+class SnapshotSuite(CountingSuite):
+    """The counting arithmetic suite whose envs offer snapshots (the calculator keeps no state of its own, so the
+    ToolEnv's history is all there is)."""
+
+    def make_env(self):
+        counted = super().make_env()
+        inner = counted.reset.__closure__[0].cell_contents  # the ToolEnv the counting wrapper steps
+
+        class Snapshotting(type(counted)):
+            def snapshot(self):
+                return tuple(inner.history), inner._done
+
+            def restore(self, state):
+                inner.history, inner._done = list(state[0]), state[1]
+        counted.__class__ = Snapshotting
+        return counted
+
+
+def test_snapshots_play_the_replayed_search_with_each_call_run_once(arithmetic_suite, codec):
+    tasks = arithmetic_suite.sample_tasks(6, split="train", seed=1)
+    runs = {}
+    for snapshots in (False, True):
+        suite = (SnapshotSuite if snapshots else CountingSuite)(arithmetic_suite)
+        _, search = searcher(codec, suite, top_k=3, samples_per_expansion=4, budget=SearchBudget(simulations=10),
+                             snapshots=snapshots)
+        runs[snapshots] = (search.run(tasks, seeds=list(range(6))), suite.tool_calls)
+    (replayed, replay_calls), (restored, snapshot_calls) = runs[False], runs[True]
+    for a, b in zip(replayed, restored):
+        assert (a.success, a.simulations, a.generated_tokens, a.new_tool_calls) == (
+            b.success, b.simulations, b.generated_tokens, b.new_tool_calls)
+        assert [e.trajectory for e in a.episodes] == [e.trajectory for e in b.episodes]
+        assert b.tool_calls == b.new_tool_calls  # every call ran once: no replays
+    assert snapshot_calls == sum(r.tool_calls for r in restored) < replay_calls == sum(r.tool_calls for r in replayed)
+
+
+def test_coverage_stops_drawing_once_the_distinct_turns_hold_enough_mass(arithmetic_suite, codec):
+    """The script's first turn is one of three with probabilities 0.6, 0.3 and 0.1. With coverage 0.85 and one
+    draw per batch, a root keeps drawing until it has seen the 0.6 and the 0.3 turns (mass 0.9) or drew 8."""
+    tasks = arithmetic_suite.sample_tasks(8, split="train", seed=2)
+    settings = {"top_k": 0, "samples_per_expansion": 8, "expansion_batch": 1, "widenings": 0,
+                    "budget": SearchBudget(simulations=1)}
+    policy, search = searcher(codec, arithmetic_suite, coverage=0.85, **settings)
+    results = search.run(tasks, seeds=list(range(8)))
+    # One batch per draw, each over the roots still drawing: 8 at first, then fewer as roots cross 0.85.
+    rows = policy.rows
+    assert rows[0] == 8 and all(a >= b for a, b in zip(rows, rows[1:])) and len(rows) <= 8
+    below = 0
+    for r in results:
+        probabilities = sorted(round(math.exp(lp), 6) for lp in r.root.sampled.values())
+        assert sampled_mass(r.root) == pytest.approx(sum(probabilities))
+        if sampled_mass(r.root) < 0.85:  # it never saw both the 0.6 and the 0.3 turns: it drew all 8
+            assert probabilities in ([0.1], [0.3], [0.6], [0.1, 0.3], [0.1, 0.6])
+            below += 1
+        else:
+            assert {0.3, 0.6} <= set(probabilities)
+    assert below == 0 or (len(rows) == 8 and rows[-1] >= below)
+    assert sum(rows) < 8 * 8  # drawing stopped early somewhere
+
+    policy_all, search_all = searcher(codec, arithmetic_suite, coverage=1.0, **settings)
+    search_all.run(tasks, seeds=list(range(8)))
+    assert policy_all.rows == [8] * 8  # coverage 1.0: every root draws all 8, whatever it has seen
+
+
+def test_widening_until_a_new_turn_searches_the_tail_the_coverage_rule_skipped(arithmetic_suite, codec):
+    """After the right call the script answers right with p 0.3: with coverage 0.6 an answer node stops at its
+    wrong answer (0.7), and without `widen_until_new` it is never widened (its draws cover it), so only trees
+    whose first draw was right are solved. Widening until a new turn appears finds the right answer there."""
+    tasks = arithmetic_suite.sample_tasks(12, split="train", seed=4)
+    settings = {"top_k": 0, "samples_per_expansion": 8, "expansion_batch": 1, "coverage": 0.6, "widenings": 2,
+                "budget": SearchBudget(simulations=12)}
+    solved = {}
+    for until_new in (False, True):
+        _, search = searcher(codec, arithmetic_suite, widen_until_new=until_new, **settings)
+        results = search.run(tasks, seeds=list(range(12)))
+        solved[until_new] = sum(r.success for r in results)
+        for r in results:
+            for node in iter_nodes(r.root):
+                if node.expanded and node.widenings_left < 2:  # widened (or, without until_new, stopped)
+                    keys = [c.edge.key for c in node.children]
+                    assert len(keys) == len(set(keys))
+    assert solved[True] == len(tasks) and solved[False] <= len(tasks) // 2, solved

@@ -56,6 +56,23 @@ class Env(Protocol):
     def legal_actions(self) -> ActionMask: ...
 
 
+@runtime_checkable
+class SnapshotEnv(Protocol):
+    """An env that can hand out its state mid-episode and take it back (optional, beside `Env`).
+
+    `snapshot()` returns the state after the steps so far, independent of any later step; `restore(state)` puts
+    it into another env from the same suite's `make_env()`, after `reset` with the same task and seed. Tree
+    search (`search/driver.py`) then restores a node without replaying its tool calls; an env without these
+    methods is restored by replay, which is exact too (envs are deterministic) but runs the calls again. Offer
+    them only when the state is all the env's own: a tool holding per-episode state elsewhere (a live
+    interpreter, a scratch database) would not come back with it.
+    """
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+
 SuccessSource = Literal["verifier", "env", "both"]
 SUCCESS_SOURCES: tuple[str, ...] = ("verifier", "env", "both")
 

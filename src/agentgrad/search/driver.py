@@ -21,6 +21,7 @@ since they are real calls; `new_tool_calls` counts the first execution of each o
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 
 from agentgrad.backends.base import Generation, Policy, SamplingParams
 from agentgrad.backends.generate_session import open_session
-from agentgrad.envs.base import close_env, episode_success
+from agentgrad.envs.base import SnapshotEnv, close_env, episode_success
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import MaskMode, episode_masks
 from agentgrad.rollout.loop import (
@@ -51,7 +52,9 @@ from agentgrad.search.tree import (
     expand,
     expanded_per_depth,
     iter_nodes,
+    sampled_mass,
     select_leaf,
+    stop_widening,
     widen,
 )
 from agentgrad.types import StopReason, Task, ToolCall, Trajectory
@@ -59,6 +62,7 @@ from agentgrad.types import StopReason, Task, ToolCall, Trajectory
 # Token-id sequences (a state, or a state followed by a candidate turn) -> estimated return of each, in [0, 1].
 ValueFn = Callable[[Sequence[Sequence[int]]], list[float]]
 _ROUND_SEED_STRIDE = 1_000_003  # each round's sampling seed: sampling.seed + round * stride (rows reuse keys)
+_DRAW_SEED_STRIDE = 7_919  # and + draw * this for a round's later batches of candidates
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,11 @@ class SearchBudget:
 @dataclass(frozen=True)
 class SearchSettings:
     top_k: int | None = 5  # children kept per expansion, by the value model's estimate; None / 0: all
-    samples_per_expansion: int = 8  # candidate turns sampled per expanded node (before de-duplication)
+    samples_per_expansion: int = 8  # most candidate turns sampled per expansion or widening (before de-duplication)
+    expansion_batch: int = 0  # candidates drawn per batch up to samples_per_expansion; 0: all in one batch
+    coverage: float = 1.0  # draw no more at a node once its distinct turns hold this share of the sampling mass
+    snapshots: bool = True  # restore nodes from env snapshots where the env offers them (envs/base.py)
+    widen_until_new: bool = False  # a widening draws until a turn new to the node appears (coverage aside)
     c_puct: float = DEFAULT_C_PUCT
     rollout_mix: float = 0.0  # leaf value = (1 - mix) * V(leaf) + mix * (outcome of a policy rollout from it)
     widenings: int = 2  # times a node whose children all ended may sample more candidates (search/tree.py)
@@ -84,7 +92,7 @@ class SearchSettings:
 
     def __post_init__(self) -> None:
         if (self.samples_per_expansion < 1 or not (0.0 <= self.rollout_mix <= 1.0) or self.c_puct < 0
-                or self.widenings < 0):
+                or self.widenings < 0 or self.expansion_batch < 0 or not (0.0 < self.coverage <= 1.0)):
             raise ValueError(f"invalid search settings: {self}")
 
 
@@ -108,6 +116,7 @@ class _Tree:
     tool_calls: int = 0
     new_tool_calls: int = 0
     episodes: list[SearchEpisode] = field(default_factory=list)
+    saved: dict[int, tuple[_Episode, Any]] = field(default_factory=dict)  # id(node) -> its episode, env snapshot
 
     @property
     def solved(self) -> bool:
@@ -188,14 +197,27 @@ class TreeSearch:
         self.rounds += 1
 
     def _restore(self, leaves: list[_Leaf]) -> None:
-        """Replay each leaf's turns into a fresh env, depth by depth, the tool calls of all trees on the pool.
-        Tokenizer work (parsing, observation ids) stays on this thread: the tokenizer is not thread-safe."""
-        paths = [leaf.node.edges() for leaf in leaves]
+        """Bring each leaf's episode back: from the nearest node on its path with a saved env snapshot (none on
+        the first visit below it, or when the env offers none), then replaying the turns after it into the env,
+        depth by depth, the tool calls of all trees on the pool. Tokenizer work (parsing, observation ids)
+        stays on this thread: the tokenizer is not thread-safe."""
+        paths = []
         for leaf in leaves:
-            ep = start_episode(self.suite.make_env(), leaf.tree.task, self.codec, seed=leaf.tree.seed)
-            if ep.prompt_length >= self.limits.max_total_tokens:
-                ep.stop_reason = StopReason.MAX_TOKENS
-            leaf.episode = ep
+            path, resumed = leaf.node.edges(), None
+            for node in reversed(leaf.node.path()):
+                if id(node) in leaf.tree.saved:
+                    resumed, path = leaf.tree.saved[id(node)], path[node.depth:]
+                    break
+            env = self.suite.make_env()
+            if resumed is not None:
+                env.reset(seed=leaf.tree.seed, options={"task": leaf.tree.task})
+                env.restore(resumed[1])
+                leaf.episode = _copy_episode(resumed[0], env)
+            else:
+                leaf.episode = start_episode(env, leaf.tree.task, self.codec, seed=leaf.tree.seed)
+                if leaf.episode.prompt_length >= self.limits.max_total_tokens:
+                    leaf.episode.stop_reason = StopReason.MAX_TOKENS
+            paths.append(path)
         for depth in range(max(map(len, paths), default=0)):
             stepping = []
             for leaf, path in zip(leaves, paths):
@@ -210,15 +232,16 @@ class TreeSearch:
                 leaf.tree.tool_calls += calls
                 leaf.tree.new_tool_calls += calls if last else 0
                 end_turn(ep, self.codec, self.limits)
+        for leaf in leaves:
+            ep = leaf.episode
+            if (self.settings.snapshots and not ep.done and isinstance(ep.env, SnapshotEnv)
+                    and id(leaf.node) not in leaf.tree.saved):
+                leaf.tree.saved[id(leaf.node)] = (_copy_episode(ep, None), ep.env.snapshot())
 
     def _expand(self, leaves: list[_Leaf]) -> None:
         """Sample candidates at every leaf in one session, de-duplicate, value, prune to top-K, back up."""
-        n = self.settings.samples_per_expansion
-        generations = self._sample([leaf.episode for leaf in leaves], n)
-        candidates = []
-        for leaf, gens in zip(leaves, generations):
-            leaf.tree.generated_tokens += sum(len(g.token_ids) for g in gens)
-            candidates.append(dedupe([self._candidate(g) for g in gens]))
+        samples = self._draw(leaves)
+        candidates = [dedupe(ss) for ss in samples]
         queries = [leaf.episode.token_ids for leaf in leaves]
         queries += [leaf.episode.token_ids + list(c.payload.token_ids) for leaf, cs in zip(leaves, candidates)
                     for c in cs]
@@ -226,7 +249,8 @@ class TreeSearch:
         state_values, offset = values[:len(leaves)], len(leaves)
         for leaf, cs in zip(leaves, candidates):
             if leaf.node.expanded:  # all its children ended: widen it with the fresh candidates
-                widen(leaf.node, cs, values[offset:offset + len(cs)], self.settings.top_k)
+                if leaf.node.widenings_left:  # (none left: its draws covered it, `_draw` stopped it)
+                    widen(leaf.node, cs, values[offset:offset + len(cs)], self.settings.top_k)
             else:
                 expand(leaf.node, cs, values[offset:offset + len(cs)], self.settings.top_k, self.settings.widenings)
             offset += len(cs)
@@ -235,6 +259,42 @@ class TreeSearch:
         for leaf, v, z in zip(leaves, state_values, outcomes):
             backup(leaf.node, (1 - mix) * float(v) + mix * z)
             close_env(leaf.episode.env)
+
+    def _draw(self, leaves: list[_Leaf]) -> list[list[Sample]]:
+        """Candidate turns at each leaf: batches of `expansion_batch` drawn for every leaf still drawing, up to
+        `samples_per_expansion` in all, a leaf stopping once the distinct turns drawn at its node cover
+        `coverage` of the sampling distribution (a concentrated policy repeats its likeliest turn: more draws
+        would cost tokens and find nothing new). A node to widen whose draws already cover it is not widened."""
+        settings = self.settings
+        n, batch = settings.samples_per_expansion, settings.expansion_batch or settings.samples_per_expansion
+        samples: list[list[Sample]] = [[] for _ in leaves]
+
+        def covered(node: Node) -> bool:  # coverage 1.0 never stops early (sums of probabilities may round to 1)
+            return settings.coverage < 1.0 and sampled_mass(node) >= settings.coverage
+
+        def enough(leaf: _Leaf, drawn_here: list[Sample]) -> bool:
+            node = leaf.node
+            if node.expanded and settings.widen_until_new:  # a widening wants one turn its children lack
+                known = {c.edge.key for c in node.children if c.edge is not None}
+                return any(s.key not in known for s in drawn_here)
+            return covered(node)
+        drawing = []
+        for i, leaf in enumerate(leaves):
+            if leaf.node.expanded and not settings.widen_until_new and covered(leaf.node):
+                stop_widening(leaf.node)
+            else:
+                drawing.append(i)
+        drawn = 0
+        while drawing:
+            size = min(batch, n - drawn)
+            for i, gens in zip(drawing, self._sample([leaves[i].episode for i in drawing], size, drawn // batch)):
+                leaves[i].tree.generated_tokens += sum(len(g.token_ids) for g in gens)
+                samples[i] += [self._candidate(g) for g in gens]
+            drawn += size
+            for i in drawing:
+                leaves[i].node.record_samples(samples[i])
+            drawing = [i for i in drawing if drawn < n and not enough(leaves[i], samples[i])]
+        return samples
 
     def _candidate(self, gen: Generation) -> Sample:
         text = self.codec.decode(gen.token_ids)
@@ -245,13 +305,15 @@ class TreeSearch:
         return Sample(key, tuple(gen.token_ids), float(sum(gen.logprobs)), Generation(gen.token_ids, gen.logprobs,
                                                                                       gen.finish_reason))
 
-    def _sample(self, episodes: Sequence[_Episode], n: int) -> list[list[Generation]]:
-        """`n` turns sampled at each episode's state, every row of every episode in one decode session."""
+    def _sample(self, episodes: Sequence[_Episode], n: int, draw: int = 0) -> list[list[Generation]]:
+        """`n` turns sampled at each episode's state, every row of every episode in one decode session; `draw`
+        numbers the batches of one round (each draws fresh numbers)."""
         rows = [(e, j) for e in range(len(episodes)) for j in range(n)]
         masker = episode_masks(self.codec, self.settings.tool_name_mask,
                                [episodes[e].env.legal_actions() for e, _ in rows],
                                [episodes[e].offered_tools for e, _ in rows])
-        seed = None if self.sampling.seed is None else self.sampling.seed + self.rounds * _ROUND_SEED_STRIDE
+        seed = (None if self.sampling.seed is None
+                else self.sampling.seed + self.rounds * _ROUND_SEED_STRIDE + draw * _DRAW_SEED_STRIDE)
         turn = dataclasses.replace(self.sampling, max_new_tokens=self.limits.max_new_tokens_per_turn, seed=seed)
         out: list[list[Generation | None]] = [[None] * n for _ in episodes]
         with open_session(self.policy, turn, masker, max_sequences=max(1, len(rows)),
@@ -295,6 +357,15 @@ class TreeSearch:
             leaf.tree.episodes.append(SearchEpisode(trajectory, success, leaf.node, by_rollout=True))
             outcomes.append(float(success))
         return outcomes
+
+
+def _copy_episode(ep: _Episode, env: Any) -> _Episode:
+    """An episode's record with its own containers (the turns after it must not write into the saved one)."""
+    return dataclasses.replace(ep, env=env, token_ids=list(ep.token_ids), loss_mask=list(ep.loss_mask),
+                               logprobs=list(ep.logprobs), messages=list(ep.messages), turns=list(ep.turns),
+                               call_counts=Counter(ep.call_counts), observations=list(ep.observations),
+                               token_masks=list(ep.token_masks), head_decisions=list(ep.head_decisions),
+                               final_info=dict(ep.final_info))
 
 
 def search_metrics(results: Sequence[SearchResult], top_k: int | None) -> dict[str, float]:

@@ -143,6 +143,12 @@ class Node:
     candidates: int = 0
     exhausted: bool = False  # nothing left to learn below: see the module docstring
     widenings_left: int = 0  # times it may still be widened once its children are all exhausted
+    sampled: dict[Hashable, float] = field(default_factory=dict, repr=False)  # distinct turns drawn here: logprob
+
+    def record_samples(self, samples: Sequence[Sample]) -> None:
+        """Note the turns sampled at this node (`sampled_mass` sums their probabilities)."""
+        for s in samples:
+            self.sampled.setdefault(s.sequence, s.logprob)
 
     @property
     def q(self) -> float:
@@ -256,6 +262,20 @@ def widen(node: Node, candidates: Sequence[Sample], values: Sequence[float], k: 
     if not added and node.widenings_left == 0:
         _exhaust(node)  # nothing new and no widening left
     return added
+
+
+def sampled_mass(node: Node) -> float:
+    """Probability mass of the distinct token sequences sampled at `node` (at most 1, up to rounding): the share
+    of the sampling distribution already seen, so 1 minus it is the chance that one more draw is new."""
+    return min(1.0, sum(math.exp(lp) for lp in node.sampled.values()))
+
+
+def stop_widening(node: Node) -> None:
+    """Take away a node's remaining widenings (its sampled turns already cover what the policy proposes); it
+    becomes exhausted if its children all are."""
+    node.widenings_left = 0
+    if node.expanded and all(c.exhausted for c in node.children):
+        _exhaust(node)
 
 
 def iter_nodes(root: Node) -> list[Node]:

@@ -178,6 +178,17 @@ class ApiCatalogEnv(ToolEnv):
     def legal_actions(self) -> ActionMask:
         return self._full_mask if self._user is not None else self._public_mask
 
+    def snapshot(self) -> tuple[tuple[Action, ...], str | None, bool]:
+        """The whole episode state (`envs/base.py: SnapshotEnv`): the calls so far, who is logged in, whether it
+        ended. The catalog's APIs are pure functions of the task's world, so nothing else changes."""
+        return tuple(self.history), self._user, self._done
+
+    def restore(self, state: tuple[tuple[Action, ...], str | None, bool]) -> None:
+        if self._task is None:
+            raise RuntimeError("restore needs reset(options={'task': ...}) first")
+        history, self._user, self._done = state
+        self.history = list(history)
+
     def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if (isinstance(action, ToolCall) and action.name in self._auth_names and self._user is None
                 and not self._done and self._task is not None):
