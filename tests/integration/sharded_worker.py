@@ -1,7 +1,8 @@
 """One rank of test_sharded_learners.py's run under torchrun: two steps of a sharded learner (argv[1]: fsdp, zero2
-or zero3) on the shared test batch (rank 0 builds it, the others receive it), then rank 0 writes losses, grad
-norms and the full weights to argv[2]."""
+or zero3) on the shared test batch (rank 0 builds it, the others receive it), then the checkpoint round trip
+(`round_trip`); rank 0 writes losses, grad norms, the full weights and the round trip's results to argv[2]."""
 
+import io
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from agentgrad.backends.fsdp import broadcast_batch
 
 STEPS = 2
 LR = 1e-2
+STEPS_AFTER_RESTORE = 2
 
 
 def make_learner(backend: str, model: torch.nn.Module):
@@ -57,11 +59,40 @@ def main(backend: str, out: str) -> None:
         losses.append(loss.item())
         norms.append(learner.step(loss)["train/grad_norm"])
     state = learner.full_state_dict()
+    local_fraction = local_numel(backend, learner) / full_numel
+    resumed = round_trip(backend, learner, batch)
     if dist.get_rank() == 0:
-        torch.save({"losses": losses, "grad_norms": norms, "state": state,
-                    "world_size": dist.get_world_size(),
-                    "local_fraction": local_numel(backend, learner) / full_numel}, out)
+        torch.save({"losses": losses, "grad_norms": norms, "state": state, "world_size": dist.get_world_size(),
+                    "local_fraction": local_fraction, "resume": resumed}, out)
     dist.destroy_process_group()
+
+
+def to_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def round_trip(backend: str, learner, batch) -> dict:
+    """`learner`'s `state_dict()` (after its STEPS steps) loaded into a fresh learner built from the initial
+    weights, then STEPS_AFTER_RESTORE more steps of both on the same batch: the saved state, the restored
+    learner's own state_dict right after loading, both learners' losses and final weights."""
+    # through bytes, as a run's checkpoint goes through a file that every rank loads: rank 0's state (FSDP's is
+    # empty elsewhere), and no tensor shared with the live learner (FSDP's step counters are, on rank 0)
+    box = [to_bytes(learner.state_dict())]
+    dist.broadcast_object_list(box, src=0)
+    saved = torch.load(io.BytesIO(box[0]), weights_only=False)  # FSDP's load turns it into DTensors in place
+    restored = make_learner(backend, _model("qwen2"))  # the initial weights and a fresh AdamW
+    restored.load_state_dict(saved)
+    reloaded = torch.load(io.BytesIO(to_bytes(restored.state_dict())), weights_only=False)  # before more steps
+    losses = {"continued": [], "restored": []}
+    for _ in range(STEPS_AFTER_RESTORE):
+        for name, which in (("continued", learner), ("restored", restored)):
+            loss = sft_loss(which.logprobs(batch), batch.loss_mask)
+            losses[name].append(loss.item())
+            which.step(loss)
+    return {"saved": torch.load(io.BytesIO(box[0]), weights_only=False), "reloaded": reloaded, "losses": losses,
+            "states": {"continued": learner.full_state_dict(), "restored": restored.full_state_dict()}}
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ tolerances at the asserts. Measured, not asserted: against TorchLearner the firs
 over its 4 updates) differed by 0.9% (1.395 vs 1.407), the second by 1e-5, on the same sampled tokens.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ import torch
 from agentgrad.config import build_config
 from agentgrad.pipelines.components import build_tiny_model_dir, make_suite
 from agentgrad.pipelines.launch import free_port
+from agentgrad.pipelines.preflight import check_learner
 from agentgrad.pipelines.train import train
 
 HERE = Path(__file__).parent
@@ -137,7 +139,7 @@ def test_kill_9_of_a_two_process_run_resumes_to_the_metrics_of_one_run_under_tor
     (["learner.backend=fsdp", "model.lora.r=8"], "LoRA"),
     (["learner.backend=fsdp", "algo=rest"], "rest stage"),
     (["learner.backend=fsdp", "rollout.max_staleness=1"], "rollout.max_staleness"),
-    (["learner.backend=deepspeed", "run.checkpoint_every=1"], "checkpoint"),
+    (["learner.backend=deepspeed", "model.lora.r=8"], "LoRA"),
 ])
 def test_combinations_a_sharded_run_cannot_take_are_one_error_line(tmp_path, overrides, needle):
     if "learner.backend=deepspeed" in overrides:
@@ -147,3 +149,10 @@ def test_combinations_a_sharded_run_cannot_take_are_one_error_line(tmp_path, ove
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
     assert needle in lines[0], lines[0]
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra is not installed")
+def test_deepspeed_runs_may_checkpoint_and_keep_bc_best():
+    # both were refused before DeepSpeedLearner had state_dict/load_state_dict and load_weights
+    check_learner(build_config(overrides=["learner.backend=deepspeed", "learner.world_size=2",
+                                          "run.checkpoint_every=1", "bc.keep_best=true"]))

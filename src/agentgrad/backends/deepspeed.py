@@ -5,10 +5,14 @@ optimizer, so its arithmetic is the single-process learner's. On CPU: `DS_ACCELE
 Same data plan as the FSDP learner (`backends/fsdp.py`): every rank scores the same batch (`broadcast_batch`), so
 the averaged gradient is the single-process one. The plain HF forward (ZeRO-3 leaves each rank only a partition
 of every weight until a module's hooks gather it; the lean forward reads weights directly).
+
+Checkpoints hold the full weights and the AdamW state gathered into full tensors by parameter name, FSDP's layout,
+not `engine.save_checkpoint`'s per-rank files: a run's checkpoint then loads on any number of ranks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -66,8 +70,84 @@ class DeepSpeedLearner(TorchLearner):
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=self.stage == 3):
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError("DeepSpeed checkpoints (engine.save_checkpoint) are not wired yet")
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Full weights into the running engine, every rank the same: into the model's parameters (ZeRO-3
+        gathers them, rank 0's copy is re-partitioned), then the optimizer's fp32 master partitions refreshed
+        from them, or the next step would continue from the old masters."""
+        import deepspeed
 
-    def load_state_dict(self, state: Any) -> None:
-        raise NotImplementedError("DeepSpeed checkpoints (engine.load_checkpoint) are not wired yet")
+        params = list(self.model.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=self.stage == 3):
+            self.model.load_state_dict(state)
+        self.optimizer.refresh_fp32_params()
+
+    def _flat_groups(self) -> list[tuple[list[torch.nn.Parameter], torch.Tensor]]:
+        """(parameters, this rank's flat fp32 partition of them): the tensors torch's AdamW keys its state by."""
+        zero = self.optimizer
+        if self.stage == 3:
+            return list(zip(zero.fp16_groups, zero.fp32_partitioned_groups_flat, strict=True))
+        return list(zip(zero.bit16_groups, zero.single_partition_of_fp32_groups, strict=True))
+
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The AdamW state gathered into full tensors keyed by parameter name, on the CPU of every rank (a
+        collective): the layout of a full optimizer state dict as FSDP's `get_optimizer_state_dict` writes it,
+        so it loads on any number of ranks. The fp32 masters are not in it: sharded learners run fp32 models
+        (preflight), whose weights are the masters bit for bit (`load_weights` refreshes them)."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        names, adam = {p: n for n, p in self.model.named_parameters()}, self.optimizer.optimizer.state
+        state: dict[str, dict[str, Any]] = {}
+        for params, flat in self._flat_groups():
+            for p in params:
+                entry = {}
+                for key, value in adam.get(flat, {}).items():  # "step": one per flat group, every parameter's
+                    if torch.is_tensor(value) and value.shape == flat.shape:
+                        value = safe_get_full_optimizer_state(p, key)  # a collective: every rank, same order
+                    entry[key] = value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
+                if entry:
+                    state[names[p]] = entry
+        (group,) = self.optimizer.param_groups  # __init__ builds one group of every trainable parameter
+        return {"state": state, "param_groups": [{k: v for k, v in group.items() if k != "params"}
+                                                 | {"params": [names[p] for p in self.params]}]}
+
+    def load_optimizer_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """`optimizer_state_dict`'s full state, written by any number of ranks, into this rank's partitions."""
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        (group,) = self.optimizer.param_groups
+        (hyper,) = saved["param_groups"]
+        group.update({k: v for k, v in hyper.items() if k != "params"})
+        names, adam = {p: n for n, p in self.model.named_parameters()}, self.optimizer.optimizer.state
+        if not saved["state"]:  # saved before the first step: AdamW starts over, as a fresh one would
+            for _, flat in self._flat_groups():
+                adam.pop(flat, None)
+            self.optimizer._hp_optimizer_states_linked = False  # ZeRO-2: link the state the next step makes
+            return
+        missing = sorted(set(names.values()) - set(saved["state"]))
+        if missing:  # a partial state would silently restart those weights' Adam moments at zero
+            raise ValueError(f"optimizer state has no entry for {len(missing)} parameters (e.g. {missing[0]}): "
+                             "a checkpoint of another model")
+        for params, flat in self._flat_groups():
+            target = adam.setdefault(flat, {})
+            for key, value in saved["state"][names[params[0]]].items():
+                if torch.is_tensor(value) and value.dim() > 0:  # partitioned below, parameter by parameter
+                    target.setdefault(key, torch.zeros_like(flat))
+                else:
+                    target[key] = value.clone() if torch.is_tensor(value) else value
+        if self.stage == 2:  # ZeRO-2 reads the state through per-parameter views it makes once, after a step
+            self.optimizer._hp_optimizer_states_linked = False
+            self.optimizer._lazy_init_hp_params_optimizer_state()
+        for params, flat in self._flat_groups():
+            for p in params:
+                for key, value in saved["state"][names[p]].items():
+                    if torch.is_tensor(value) and value.dim() > 0:
+                        safe_set_full_optimizer_state(p, value.to(flat.device), key)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full weights and full optimizer state, the same on every rank (collectives: every rank calls it)."""
+        return {"model": {k: v.cpu() for k, v in self.full_state_dict().items()},
+                "optimizer": self.optimizer_state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.load_weights(state["model"])
+        self.load_optimizer_state_dict(state["optimizer"])

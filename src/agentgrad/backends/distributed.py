@@ -120,18 +120,18 @@ class _Replica:
 
 
 def optimizer_state(learner: Any) -> dict[str, Any]:
-    """The full (gathered) optimizer state on rank 0 (empty elsewhere)."""
-    if not hasattr(learner, "engine"):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    """The full (gathered) optimizer state on rank 0 (FSDP: empty elsewhere; DeepSpeed: on every rank)."""
+    if hasattr(learner, "engine"):
+        return learner.optimizer_state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_optimizer_state_dict(learner.model, learner.optimizer, options=options)
-    return {"not_saved": "learner.backend=deepspeed: optimizer state is not checkpointed"}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(learner.model, learner.optimizer, options=options)
 
 
 def load_optimizer_state(learner: Any, state: Mapping[str, Any]) -> None:
     if hasattr(learner, "engine"):
-        raise RuntimeError("learner.backend=deepspeed cannot restore an optimizer state (not checkpointed)")
+        return learner.load_optimizer_state_dict(state)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(learner.model, learner.optimizer, state,
@@ -140,8 +140,7 @@ def load_optimizer_state(learner: Any, state: Mapping[str, Any]) -> None:
 
 def load_weights(learner: Any, state: Mapping[str, torch.Tensor]) -> None:
     if hasattr(learner, "engine"):
-        raise RuntimeError("learner.backend=deepspeed cannot load weights into a running engine (set "
-                           "bc.keep_best=false)")
+        return learner.load_weights(state)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(learner.model, dict(state), options=StateDictOptions(full_state_dict=True))

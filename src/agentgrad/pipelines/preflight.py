@@ -88,10 +88,6 @@ def check_learner(config: Config) -> None:
         (config.model.compute_dtype != "fp32",
          f"model.compute_dtype={config.model.compute_dtype} (sharded learners run fp32): set it to fp32"),
         (config.rollout.max_staleness > 0, "rollout.max_staleness > 0: set it to 0"),
-        (learner.backend == "deepspeed" and config.run.checkpoint_every > 0,
-         "run.checkpoint_every > 0 (DeepSpeed checkpoints are not wired): set it to 0, or use learner.backend=fsdp"),
-        (learner.backend == "deepspeed" and config.bc.keep_best,
-         "bc.keep_best=true (weights cannot be loaded into a running engine): set bc.keep_best=false"),
     ]
     algos = [s.algo for s in config.schedule.stages] or ["bc", config.algo.name]
     unsupported += [(a not in SHARDED_STAGES, f"the {a} stage: sharded runs take {', '.join(SHARDED_STAGES)}")
