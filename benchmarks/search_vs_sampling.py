@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -77,9 +78,14 @@ def main() -> None:
     p.add_argument("--split", default="heldout", help="tasks to compare on ('test': the validation split, for "
                    "choosing settings without looking at the held-out tasks)")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="a config override (repeatable)")
+    p.add_argument("--diffs-out", type=Path, help="append each paired comparison's per-task differences here "
+                   "(JSONL), to pool seeds")
     p.add_argument("--variant", action="append", default=[], help="mcts settings of one more search row, as "
                    "space-separated key=value (e.g. 'coverage=0.9 expansion_batch=2'); repeatable")
+    p.add_argument("--pool", type=Path, help="only print the pooled comparisons of a --diffs-out file")
     args = p.parse_args()
+    if args.pool:
+        return pool(args.pool)
     base = [*SUITES[args.suite], f"run.seed={args.seed}", "run.progress=false", *args.overrides]
     checkpoint = args.checkpoint
     if checkpoint is None:
@@ -133,39 +139,74 @@ def main() -> None:
         row(f"best-of-{n}", sum(any(s.success for s in g.samples) for g in groups), len(groups),
             sum(s.trajectory.num_generated_tokens for s in samples) / len(groups), calls / len(groups),
             time.perf_counter() - t0)
-    matched_budget(groups, budgets)
+    matched_budget(groups, budgets, args.diffs_out)
 
 
-def matched_budget(groups: list, budgets: list[tuple[str, float, float, list[bool]]]) -> None:
-    """Best-of-k at each search's budget: the smallest k whose mean cost is at least the search's in both
-    generated tokens and tool calls, its success the unbiased pass@k estimate (Chen et al. 2021:
-    1 - C(n - c, k) / C(n, k) per task, c of the n samples successful) over the last best-of-n's samples.
-    Then the paired difference on the same tasks (search's 0/1 minus the task's pass@k): its mean with a normal
-    95% interval over tasks, and the tasks where one side is ahead (search solved it while pass@k < 1/2, or
-    failed it while pass@k > 1/2)."""
+def pass_at(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a task with c successes among n samples (Chen et al. 2021): 1 - C(n - c, k) / C(n, k)."""
+    return 1 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pool(path: Path) -> None:
+    """Pooled paired differences over every run appended to `path` (seeds), by comparison."""
+    by_key: dict[str, list[float]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        by_key.setdefault(record["key"], []).extend(record["diffs"])
+    for key, diffs in by_key.items():
+        mean = sum(diffs) / len(diffs)
+        half = 1.96 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1) / len(diffs))
+        print(f"pooled, search {key}: {mean * 100:+.2f} points [{(mean - half) * 100:+.2f}, "
+              f"{(mean + half) * 100:+.2f}] over {len(diffs)} tasks")
+
+
+def paired(label: str, successes: list[bool], expected: list[float], out: Path | None, key: str) -> None:
+    """The search's 0/1 minus the sampler's expected success, task by task on the same tasks: the mean with a
+    normal 95% interval over tasks, and the tasks where one side is ahead (the search solved it while the
+    sampler's chance is below 1/2, or failed it while above). Per-task differences go to `out` (JSONL) for
+    pooling seeds."""
+    diffs = [float(won) - p for won, p in zip(successes, expected, strict=True)]
+    mean = sum(diffs) / len(diffs)
+    half = 1.96 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1) / len(diffs))
+    ahead = sum(won and p < 0.5 for won, p in zip(successes, expected))
+    behind = sum(not won and p > 0.5 for won, p in zip(successes, expected))
+    print(f"paired, {label}: {mean * 100:+.1f} points [{(mean - half) * 100:+.1f}, {(mean + half) * 100:+.1f}] "
+          f"over {len(diffs)} tasks; search ahead on {ahead}, behind on {behind}", flush=True)
+    if out is not None:
+        with out.open("a") as f:
+            f.write(json.dumps({"key": key, "label": label, "diffs": diffs}) + "\n")
+
+
+def matched_budget(groups: list, budgets: list[tuple[str, float, float, list[bool]]], out: Path | None) -> None:
+    """Best-of-k at each search's budget, two ways, each with the paired difference on the same tasks:
+    - the smallest integer k whose mean cost is at least the search's in both generated tokens and tool calls
+      (sampling gets up to one sample more than the search spent);
+    - exactly the search's mean cost in the binding resource: k* = the larger cost ratio, realised as a mixture
+      of best-of-floor(k*) and best-of-(floor(k*) + 1) with weight k* - floor(k*) on the larger, so its expected
+      cost equals the search's and its success is the same mixture of the two pass@k.
+    Success is the unbiased pass@k over the last best-of-n's samples."""
     n = len(groups[0].samples)
     samples = [s for g in groups for s in g.samples]
     tokens = sum(s.trajectory.num_generated_tokens for s in samples) / len(samples)  # per sample
     calls = sum(isinstance(t.action, ToolCall) for s in samples for t in s.trajectory.turns) / len(samples)
+    wins = [sum(s.success for s in g.samples) for g in groups]
     for name, search_tokens, search_calls, successes in budgets:
-        k = math.ceil(max(search_tokens / tokens, search_calls / max(calls, 1e-9)))
+        k_exact = max(search_tokens / tokens, search_calls / max(calls, 1e-9))
+        k = math.ceil(k_exact)
         if k > n:
             print(f"| best-of-k at search {name}'s budget | needs k = {k} > {n} samples | | | |")
             continue
-        per_task = [1 - math.comb(n - sum(s.success for s in g.samples), k) / math.comb(n, k) for g in groups]
-        expected = sum(per_task)
-        print(f"| best-of-{k} at search {name}'s budget (pass@{k} of the {n} samples) | {expected:.1f}/{len(groups)} "
-              f"= {expected / len(groups):.0%} | {k * tokens:.0f} | {k * calls:.1f} | |", flush=True)
-        diffs = [float(won) - p for won, p in zip(successes, per_task)]
-        mean = sum(diffs) / len(diffs)
-        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1))
-        half = 1.96 * sd / math.sqrt(len(diffs))
-        ahead = sum(won and p < 0.5 for won, p in zip(successes, per_task))
-        behind = sum(not won and p > 0.5 for won, p in zip(successes, per_task))
-        print(f"paired, search {name} minus pass@{k}: {mean * 100:+.1f} points [{(mean - half) * 100:+.1f}, "
-              f"{(mean + half) * 100:+.1f}] over {len(diffs)} tasks; search ahead on {ahead}, behind on {behind}; "
-              f"per-task diffs: {' '.join(f'{d:.4f}' for d in diffs)}", flush=True)
-
+        at_k = [pass_at(n, c, k) for c in wins]
+        print(f"| best-of-{k} at search {name}'s budget (pass@{k} of the {n} samples) | {sum(at_k):.1f}/{len(groups)} "
+              f"= {sum(at_k) / len(groups):.1%} | {k * tokens:.0f} | {k * calls:.1f} | |", flush=True)
+        paired(f"search {name} minus pass@{k}", successes, at_k, out, f"{name} vs the smallest k")
+        k_lo = max(1, math.floor(k_exact))
+        f = min(1.0, max(0.0, k_exact - k_lo))
+        mixture = [(1 - f) * pass_at(n, c, k_lo) + f * pass_at(n, c, min(n, k_lo + 1)) for c in wins]
+        print(f"| best-of-{k_exact:.2f} (best-of-{k_lo} and -{k_lo + 1} mixed) at exactly search {name}'s budget | "
+              f"{sum(mixture):.1f}/{len(groups)} = {sum(mixture) / len(groups):.1%} | {k_exact * tokens:.0f} | "
+              f"{k_exact * calls:.1f} | |", flush=True)
+        paired(f"search {name} minus best-of-{k_exact:.2f}", successes, mixture, out, f"{name} vs the exact budget")
 
 if __name__ == "__main__":
     main()

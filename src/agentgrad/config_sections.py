@@ -176,9 +176,6 @@ class MctsConfig(Section):
     coverage: float = Field(1.0, gt=0, le=1, description="A node draws no more candidates (nor widens) once the "
                             "distinct turns drawn there hold this share of the sampling distribution's mass "
                             "(their summed probability); 1.0: always samples_per_expansion.")
-    widen_until_new: bool = Field(False, description="A widening draws batches (expansion_batch) until a turn its "
-                                  "node's children lack appears, up to samples_per_expansion, whatever coverage "
-                                  "says: the tail the first draws skipped is searched where the tree ran out.")
     snapshots: bool = Field(True, description="Restore a node from its env's snapshot where the env offers one "
                             "(envs/base.py: SnapshotEnv) instead of replaying its tool calls.")
     widenings: int = Field(2, ge=0, description="Times a node whose children all ended (every sampled turn "

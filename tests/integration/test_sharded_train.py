@@ -79,7 +79,9 @@ def _common(tmp_path: Path, extra: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", list(BACKENDS))
+# ZeRO-2 takes the same command path as ZeRO-3 (only the stage handed to DeepSpeed differs); its arithmetic and
+# its checkpoint round trip against the single-process learner are in test_sharded_learners.py
+@pytest.mark.parametrize("backend", ["fsdp", "zero3"])
 def test_two_process_run_moves_bc_loss_as_the_single_process_learner_does(tmp_path, backend):
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")

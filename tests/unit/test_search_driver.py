@@ -297,22 +297,3 @@ def test_coverage_stops_drawing_once_the_distinct_turns_hold_enough_mass(arithme
     search_all.run(tasks, seeds=list(range(8)))
     assert policy_all.rows == [8] * 8  # coverage 1.0: every root draws all 8, whatever it has seen
 
-
-def test_widening_until_a_new_turn_searches_the_tail_the_coverage_rule_skipped(arithmetic_suite, codec):
-    """After the right call the script answers right with p 0.3: with coverage 0.6 an answer node stops at its
-    wrong answer (0.7), and without `widen_until_new` it is never widened (its draws cover it), so only trees
-    whose first draw was right are solved. Widening until a new turn appears finds the right answer there."""
-    tasks = arithmetic_suite.sample_tasks(12, split="train", seed=4)
-    settings = {"top_k": 0, "samples_per_expansion": 8, "expansion_batch": 1, "coverage": 0.6, "widenings": 2,
-                "budget": SearchBudget(simulations=12)}
-    solved = {}
-    for until_new in (False, True):
-        _, search = searcher(codec, arithmetic_suite, widen_until_new=until_new, **settings)
-        results = search.run(tasks, seeds=list(range(12)))
-        solved[until_new] = sum(r.success for r in results)
-        for r in results:
-            for node in iter_nodes(r.root):
-                if node.expanded and node.widenings_left < 2:  # widened (or, without until_new, stopped)
-                    keys = [c.edge.key for c in node.children]
-                    assert len(keys) == len(set(keys))
-    assert solved[True] == len(tasks) and solved[False] <= len(tasks) // 2, solved

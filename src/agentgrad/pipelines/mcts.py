@@ -78,7 +78,6 @@ def search_settings(c: Components) -> SearchSettings:
     cfg = c.config.mcts
     return SearchSettings(top_k=cfg.top_k or None, samples_per_expansion=cfg.samples_per_expansion,
                           expansion_batch=cfg.expansion_batch, coverage=cfg.coverage, snapshots=cfg.snapshots,
-                          widen_until_new=cfg.widen_until_new,
                           c_puct=cfg.c_puct, widenings=cfg.widenings, rollout_mix=cfg.rollout_mix,
                           stop_on_success=cfg.stop_on_success,
                           budget=SearchBudget(cfg.simulations, cfg.max_generated_tokens, cfg.max_tool_calls),

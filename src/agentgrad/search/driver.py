@@ -81,7 +81,6 @@ class SearchSettings:
     expansion_batch: int = 0  # candidates drawn per batch up to samples_per_expansion; 0: all in one batch
     coverage: float = 1.0  # draw no more at a node once its distinct turns hold this share of the sampling mass
     snapshots: bool = True  # restore nodes from env snapshots where the env offers them (envs/base.py)
-    widen_until_new: bool = False  # a widening draws until a turn new to the node appears (coverage aside)
     c_puct: float = DEFAULT_C_PUCT
     rollout_mix: float = 0.0  # leaf value = (1 - mix) * V(leaf) + mix * (outcome of a policy rollout from it)
     widenings: int = 2  # times a node whose children all ended may sample more candidates (search/tree.py)
@@ -271,16 +270,9 @@ class TreeSearch:
 
         def covered(node: Node) -> bool:  # coverage 1.0 never stops early (sums of probabilities may round to 1)
             return settings.coverage < 1.0 and sampled_mass(node) >= settings.coverage
-
-        def enough(leaf: _Leaf, drawn_here: list[Sample]) -> bool:
-            node = leaf.node
-            if node.expanded and settings.widen_until_new:  # a widening wants one turn its children lack
-                known = {c.edge.key for c in node.children if c.edge is not None}
-                return any(s.key not in known for s in drawn_here)
-            return covered(node)
         drawing = []
         for i, leaf in enumerate(leaves):
-            if leaf.node.expanded and not settings.widen_until_new and covered(leaf.node):
+            if leaf.node.expanded and covered(leaf.node):
                 stop_widening(leaf.node)
             else:
                 drawing.append(i)
@@ -293,7 +285,7 @@ class TreeSearch:
             drawn += size
             for i in drawing:
                 leaves[i].node.record_samples(samples[i])
-            drawing = [i for i in drawing if drawn < n and not enough(leaves[i], samples[i])]
+            drawing = [i for i in drawing if drawn < n and not covered(leaves[i].node)]
         return samples
 
     def _candidate(self, gen: Generation) -> Sample:
