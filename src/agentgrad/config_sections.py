@@ -171,11 +171,12 @@ class MctsConfig(Section):
                        "(5 to 10 keeps trees small where dozens of calls are legal); 0: keep all.")
     samples_per_expansion: int = Field(8, gt=0, description="Most candidate turns sampled per expansion or "
                                        "widening, before de-duplication by (tool, normalised arguments).")
-    expansion_batch: int = Field(0, ge=0, description="Candidates drawn per batch, up to samples_per_expansion, "
+    expansion_batch: int = Field(2, ge=0, description="Candidates drawn per batch, up to samples_per_expansion, "
                                  "with the coverage rule checked between batches; 0: all in one batch.")
-    coverage: float = Field(1.0, gt=0, le=1, description="A node draws no more candidates (nor widens) once the "
+    coverage: float = Field(0.9, gt=0, le=1, description="A node draws no more candidates (nor widens) once the "
                             "distinct turns drawn there hold this share of the sampling distribution's mass "
-                            "(their summed probability); 1.0: always samples_per_expansion.")
+                            "(their summed probability); 1.0: always samples_per_expansion (docs/search.md: 0.9 "
+                            "halved the tokens of a search at the same success).")
     snapshots: bool = Field(True, description="Restore a node from its env's snapshot where the env offers one "
                             "(envs/base.py: SnapshotEnv) instead of replaying its tool calls.")
     widenings: int = Field(2, ge=0, description="Times a node whose children all ended (every sampled turn "

@@ -107,6 +107,9 @@ LIMITS = EpisodeLimits(max_turns=3, max_new_tokens_per_turn=48, max_total_tokens
 
 
 def searcher(codec, suite, **settings):
+    """The tests below were worked out for one batch of samples_per_expansion candidates per expansion; the
+    coverage rule's own tests set expansion_batch and coverage."""
+    settings = {"expansion_batch": 0, "coverage": 1.0, **settings}
     policy = StochasticScript(codec)
     search = TreeSearch(policy, codec, suite, scripted_values(codec), sampling=SamplingParams(seed=3),
                         limits=LIMITS, settings=SearchSettings(**settings))
@@ -259,7 +262,7 @@ def test_snapshots_play_the_replayed_search_with_each_call_run_once(arithmetic_s
     for snapshots in (False, True):
         suite = (SnapshotSuite if snapshots else CountingSuite)(arithmetic_suite)
         _, search = searcher(codec, suite, top_k=3, samples_per_expansion=4, budget=SearchBudget(simulations=10),
-                             snapshots=snapshots)
+                             snapshots=snapshots, expansion_batch=2, coverage=0.9)
         runs[snapshots] = (search.run(tasks, seeds=list(range(6))), suite.tool_calls)
     (replayed, replay_calls), (restored, snapshot_calls) = runs[False], runs[True]
     for a, b in zip(replayed, restored):

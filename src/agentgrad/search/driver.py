@@ -78,8 +78,8 @@ class SearchBudget:
 class SearchSettings:
     top_k: int | None = 5  # children kept per expansion, by the value model's estimate; None / 0: all
     samples_per_expansion: int = 8  # most candidate turns sampled per expansion or widening (before de-duplication)
-    expansion_batch: int = 0  # candidates drawn per batch up to samples_per_expansion; 0: all in one batch
-    coverage: float = 1.0  # draw no more at a node once its distinct turns hold this share of the sampling mass
+    expansion_batch: int = 2  # candidates drawn per batch up to samples_per_expansion; 0: all in one batch
+    coverage: float = 0.9  # draw no more at a node once its distinct turns hold this share of the sampling mass
     snapshots: bool = True  # restore nodes from env snapshots where the env offers them (envs/base.py)
     c_puct: float = DEFAULT_C_PUCT
     rollout_mix: float = 0.0  # leaf value = (1 - mix) * V(leaf) + mix * (outcome of a policy rollout from it)
@@ -116,6 +116,7 @@ class _Tree:
     new_tool_calls: int = 0
     episodes: list[SearchEpisode] = field(default_factory=list)
     saved: dict[int, tuple[_Episode, Any]] = field(default_factory=dict)  # id(node) -> its episode, env snapshot
+    reached: set[int] = field(default_factory=set)  # id(node) of every node whose turn has run once
 
     @property
     def solved(self) -> bool:
@@ -200,9 +201,9 @@ class TreeSearch:
         the first visit below it, or when the env offers none), then replaying the turns after it into the env,
         depth by depth, the tool calls of all trees on the pool. Tokenizer work (parsing, observation ids)
         stays on this thread: the tokenizer is not thread-safe."""
-        paths = []
+        paths = []  # per leaf: the nodes to step into, in order
         for leaf in leaves:
-            path, resumed = leaf.node.edges(), None
+            path, resumed = leaf.node.path()[1:], None
             for node in reversed(leaf.node.path()):
                 if id(node) in leaf.tree.saved:
                     resumed, path = leaf.tree.saved[id(node)], path[node.depth:]
@@ -222,14 +223,16 @@ class TreeSearch:
             for leaf, path in zip(leaves, paths):
                 ep = leaf.episode
                 if depth < len(path) and not ep.done:
-                    actions = begin_turn(ep, path[depth].sample.payload, self.codec, self.limits)
+                    node = path[depth]
+                    actions = begin_turn(ep, node.edge.sample.payload, self.codec, self.limits)
                     if not ep.done:
-                        stepping.append((leaf, ep, actions, depth == len(path) - 1))
+                        stepping.append((leaf, ep, actions, id(node) not in leaf.tree.reached))
+                        leaf.tree.reached.add(id(node))
             list(self.pool.map(lambda s: run_actions(s[1], s[2]), stepping))
-            for leaf, ep, actions, last in stepping:
+            for leaf, ep, actions, first in stepping:
                 calls = sum(isinstance(a, ToolCall) for a in actions)
                 leaf.tree.tool_calls += calls
-                leaf.tree.new_tool_calls += calls if last else 0
+                leaf.tree.new_tool_calls += calls if first else 0
                 end_turn(ep, self.codec, self.limits)
         for leaf in leaves:
             ep = leaf.episode
