@@ -73,17 +73,30 @@ def to_bytes(obj) -> bytes:
     return buffer.getvalue()
 
 
+def same(a, b) -> bool:
+    """Equal nested dicts / lists / tensors (tensors bit for bit, DTensors never equal to plain ones)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, torch.Tensor):
+        return type(a) is type(b) and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
 def round_trip(backend: str, learner, batch) -> dict:
     """`learner`'s `state_dict()` (after its STEPS steps) loaded into a fresh learner built from the initial
     weights, then STEPS_AFTER_RESTORE more steps of both on the same batch: the saved state, the restored
     learner's own state_dict right after loading, both learners' losses and final weights."""
     # through bytes, as a run's checkpoint goes through a file that every rank loads: rank 0's state (FSDP's is
-    # empty elsewhere), and no tensor shared with the live learner (FSDP's step counters are, on rank 0)
-    box = [to_bytes(learner.state_dict())]
+    # empty elsewhere)
+    held = learner.state_dict()  # kept in memory: the steps below and the load must leave it as it was
+    box = [to_bytes(held)]
     dist.broadcast_object_list(box, src=0)
-    saved = torch.load(io.BytesIO(box[0]), weights_only=False)  # FSDP's load turns it into DTensors in place
+    saved = torch.load(io.BytesIO(box[0]), weights_only=False)
     restored = make_learner(backend, _model("qwen2"))  # the initial weights and a fresh AdamW
     restored.load_state_dict(saved)
+    untouched = all(type(v) is torch.Tensor for v in saved["model"].values())
     reloaded = torch.load(io.BytesIO(to_bytes(restored.state_dict())), weights_only=False)  # before more steps
     losses = {"continued": [], "restored": []}
     for _ in range(STEPS_AFTER_RESTORE):
@@ -91,7 +104,10 @@ def round_trip(backend: str, learner, batch) -> dict:
             loss = sft_loss(which.logprobs(batch), batch.loss_mask)
             losses[name].append(loss.item())
             which.step(loss)
+    # a snapshot: equal, value for value, to the bytes written before the steps (rank 0 holds FSDP's state)
+    snapshot = dist.get_rank() != 0 or same(held, torch.load(io.BytesIO(box[0]), weights_only=False))
     return {"saved": torch.load(io.BytesIO(box[0]), weights_only=False), "reloaded": reloaded, "losses": losses,
+            "snapshot": snapshot, "untouched_by_load": untouched,
             "states": {"continued": learner.full_state_dict(), "restored": restored.full_state_dict()}}
 
 

@@ -137,6 +137,8 @@ def test_a_learner_restored_from_state_dict_continues_as_the_one_that_saved_it(s
     8.6e-7 on a key bias under ZeRO-3)."""
     backend, run = sharded["backend"], sharded["resume"]
     saved, reloaded = run["saved"], run["reloaded"]
+    # state_dict() is a snapshot (the steps after it leave it as saved), and loading leaves the caller's dict alone
+    assert run["snapshot"] and run["untouched_by_load"]
     shapes = {name: p.shape for name, p in _model("qwen2").named_parameters()}
     state = saved["optimizer"]["state"]
     assert state.keys() == shapes.keys() and saved["model"].keys() >= shapes.keys()

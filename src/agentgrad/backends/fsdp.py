@@ -81,11 +81,13 @@ class FSDPLearner(TorchLearner):
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
 
     def state_dict(self) -> dict[str, Any]:
+        """Full weights and optimizer state, a snapshot: torch hands out AdamW's step counters themselves (0-dim
+        tensors the next step increments), so they are cloned."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return {"model": self.full_state_dict(),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options)}
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        return {"model": self.full_state_dict(), "optimizer": _own_containers(optimizer, clone_scalars=True)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
@@ -95,8 +97,20 @@ class FSDPLearner(TorchLearner):
         )
 
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=options)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        # torch replaces the entries of the dicts it is given with DTensors: give it containers of its own
+        set_model_state_dict(self.model, dict(state["model"]), options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, _own_containers(state["optimizer"]), options=options)
+
+
+def _own_containers(obj: Any, clone_scalars: bool = False) -> Any:
+    """`obj`'s nested dicts and lists copied (tensors shared, 0-dim ones cloned with `clone_scalars`)."""
+    if isinstance(obj, Mapping):
+        return {k: _own_containers(v, clone_scalars) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_own_containers(v, clone_scalars) for v in obj]
+    if clone_scalars and isinstance(obj, torch.Tensor) and obj.dim() == 0:
+        return obj.clone()
+    return obj
 
 
 def broadcast_batch(batch: TokenBatch | None, src: int = 0) -> TokenBatch:
