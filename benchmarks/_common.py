@@ -53,6 +53,11 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def spread(xs: list[float], fmt: str = "{:.1%}") -> str:
+    """Median (min-max), each formatted with `fmt`."""
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.perf_counter()
     result = fn()
@@ -73,7 +78,8 @@ class MultiTurnRollout:
     """Times one rollout of `episodes` arithmetic episodes (8 samples per task; a calculator call, then the answer)
     through the one scheduler, `run_episodes`, with a given policy: called with a policy, it returns generated
     tokens per second and appends the episodes' mean turns to `turns[id(policy)]`. Every call draws a new sampling
-    seed, so peers timed in turn see the same tasks, limits and sampling."""
+    seed, so peers timed in turn see the same tasks, limits and sampling. Tokens per CPU second (the process's
+    threads, tool calls included) go to `cpu_rates[id(policy)]`."""
 
     def __init__(self, config, codec, episodes: int) -> None:
         from agentgrad.envs import SUITES
@@ -86,16 +92,21 @@ class MultiTurnRollout:
         self.tasks = [t for t in self.suite.sample_tasks(episodes // 8, split="train", seed=5) for _ in range(8)]
         self.seed = 0
         self.turns: dict[int, list[float]] = {}
+        self.cpu_rates: dict[int, list[float]] = {}  # generated tokens per CPU second (all threads), per call
 
     def __call__(self, policy) -> float:
         from agentgrad.backends.base import SamplingParams
         from agentgrad.rollout.loop import SamplerSettings, run_episodes
 
         self.seed += 1
+        cpu0 = time.process_time()
         sampling = SamplingParams(max_new_tokens=self.limits.max_new_tokens_per_turn, temperature=0.7,
                                   seed=self.seed)
         dt, trajs = timed(lambda: run_episodes(policy, self.codec, [self.suite.make_env() for _ in self.tasks],
                                                self.tasks, sampling=sampling, limits=self.limits,
                                                sampler=SamplerSettings(max_concurrent_episodes=self.episodes)))
+        cpu = time.process_time() - cpu0
+        tokens = sum(t.num_generated_tokens for t in trajs)
         self.turns.setdefault(id(policy), []).append(sum(len(t.turns) for t in trajs) / len(trajs))
-        return sum(t.num_generated_tokens for t in trajs) / dt
+        self.cpu_rates.setdefault(id(policy), []).append(tokens / cpu)
+        return tokens / dt

@@ -14,14 +14,16 @@ TRL runs one extra forward per batch for the old logprobs and every row's whole 
 the rollout's logprobs and runs each group's common prefix once (the table of what each side computes says how
 much). Fair timing: each TRL RL step (one generation and its 8 optimizer steps) is followed by one agentgrad
 step, in one process; the first step of each side is a warm-up and not counted; wall and CPU time
-(`time.process_time`), medians with their range over the pairs.
+(`time.process_time`), medians with their range over the pairs. `--bf16`: both sides under bf16 autocast over
+fp32 weights (TRL `bf16=True`, agentgrad `model.compute_dtype=bf16`), for CPUs with avx512_bf16 or AMX.
 
-    nice -n 19 python benchmarks/rl_step_vs_trl.py [--steps 5] [--threads 1]
+    nice -n 19 python benchmarks/rl_step_vs_trl.py [--steps 5] [--threads 1] [--bf16]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -53,8 +55,9 @@ def closeness_reward(trajectory):
     return RewardBreakdown(outcome=closeness(trajectory.final_answer, trajectory.task.answer))
 
 
-def agentgrad_config(model_dir: Path):
-    return bench_config([f"model.path={model_dir}", f"algo.tasks_per_step={TASKS_PER_STEP}",
+def agentgrad_config(model_dir: Path, bf16: bool = False):
+    return bench_config([f"model.compute_dtype={'bf16' if bf16 else 'fp32'}", f"model.path={model_dir}",
+                         f"algo.tasks_per_step={TASKS_PER_STEP}",
                          f"algo.group_size={GROUP}", f"algo.epochs_per_step={EPOCHS}",
                          f"algo.minibatch_size_episodes={MINIBATCH}", f"algo.lr={LR}",
                          f"rollout.temperature={TEMPERATURE}", "reward.name=rl_step_vs_trl:closeness_reward",
@@ -102,7 +105,7 @@ def shared_vs_plain_updates(model_dir: Path, steps: int) -> dict[str, list[float
     return out
 
 
-def trl_trainer(model_dir: Path, steps: int, out_dir: str, callbacks: list):
+def trl_trainer(model_dir: Path, steps: int, out_dir: str, callbacks: list, bf16: bool = False):
     """TRL's GRPOTrainer set up as its users would on CPU for this model (gradient checkpointing off: TRL turns
     it on by default, and nobody needs it for 0.84M parameters)."""
     from datasets import Dataset
@@ -149,8 +152,11 @@ def trl_trainer(model_dir: Path, steps: int, out_dir: str, callbacks: list):
                    for t in tasks],
         "task_index": list(range(len(tasks))),
     })
-    args = GRPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, num_generations=GROUP,
-                      per_device_train_batch_size=MINIBATCH, activation_checkpointing=False,
+    # the field's name changed across TRL / transformers releases
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    no_checkpointing = {next(k for k in ("activation_checkpointing", "gradient_checkpointing") if k in fields): False}
+    args = GRPOConfig(output_dir=out_dir, use_cpu=True, bf16=bf16, num_generations=GROUP,
+                      per_device_train_batch_size=MINIBATCH, **no_checkpointing,
                       steps_per_generation=UPDATES_PER_STEP // EPOCHS,
                       num_iterations=EPOCHS, max_steps=steps * UPDATES_PER_STEP,
                       learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
@@ -208,7 +214,7 @@ class PlanCounter:
         hf.plan_shared_prefixes = counted
 
 
-def interleaved(model_dir: Path, pairs: int, threads: int) -> dict:
+def interleaved(model_dir: Path, pairs: int, threads: int, bf16: bool = False) -> dict:
     """`pairs` + 1 RL steps of each side in one process, alternating: each TRL step (one generation and its 8
     optimizer steps, cut at the callback after its 8th) then one agentgrad step. The first step of each side is
     the warm-up, excluded. Wall and CPU (process) seconds per step."""
@@ -219,7 +225,7 @@ def interleaved(model_dir: Path, pairs: int, threads: int) -> dict:
 
     out = {k: [] for k in ("trl wall", "trl cpu", "ag wall", "ag cpu", "ag rollout")}
     with tempfile.TemporaryDirectory() as tmp:
-        c = build_components(agentgrad_config(model_dir), Path(tmp) / "ag")
+        c = build_components(agentgrad_config(model_dir, bf16), Path(tmp) / "ag")
         c.learner.set_lr(LR)
         state = start_rl(c)
         plans = PlanCounter()
@@ -253,7 +259,7 @@ def interleaved(model_dir: Path, pairs: int, threads: int) -> dict:
                 set_threads(threads)
                 mark[:] = [time.perf_counter(), time.process_time()]
 
-        trainer = trl_trainer(model_dir, pairs + 1, str(Path(tmp) / "trl"), [Alternate()])
+        trainer = trl_trainer(model_dir, pairs + 1, str(Path(tmp) / "trl"), [Alternate()], bf16)
         counter = ForwardCounter(trainer.model)
         set_threads(threads)
         trainer.train()
@@ -268,11 +274,12 @@ def _summary(xs: list[float]) -> str:
     return f"{median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-def print_interleaved(res: dict, pairs: int, threads: int) -> None:
+def print_interleaved(res: dict, pairs: int, threads: int, bf16: bool = False) -> None:
     ratio_wall = [t / a for t, a in zip(res["trl wall"], res["ag wall"])]
     ratio_cpu = [t / a for t, a in zip(res["trl cpu"], res["ag cpu"])]
     print(f"\nGRPO step ({TASKS_PER_STEP} tasks x {GROUP} samples, {EPOCHS} epochs, minibatch {MINIBATCH}), "
-          f"threads={threads}, {pairs} interleaved pairs after one warm-up step each; median (min-max)")
+          f"threads={threads}, {'bf16 autocast' if bf16 else 'fp32'}, "
+          f"{pairs} interleaved pairs after one warm-up step each; median (min-max)")
     print(table([("wall s/step", _summary(res["ag wall"]), _summary(res["trl wall"]), _summary(ratio_wall)),
                  ("CPU s/step", _summary(res["ag cpu"]), _summary(res["trl cpu"]), _summary(ratio_cpu)),
                  ("of which rollout, wall s", _summary(res["ag rollout"]), "", "")],
@@ -298,6 +305,7 @@ def main() -> None:
     ap.add_argument("--bc-steps", type=int, default=60, help="BC steps of the starting model: at 60 it calls the "
                     "calculator and answers close to right (closeness reward ~0.67, 2%% exact); from ~80 it solves "
                     "nearly all and groups carry no signal")
+    ap.add_argument("--bf16", action="store_true", help="both sides under bf16 autocast (fp32 weights)")
     ap.add_argument("--shared-vs-plain", action="store_true", help="no TRL: agentgrad's update with and without "
                     "the shared-prefix forward, on the same steps from the same weights, alternating")
     args = ap.parse_args()
@@ -322,7 +330,7 @@ def main() -> None:
         print(table(rows, ("seconds", "shared prefix", "plain forward", "speed-up")))
         return
     pairs = args.steps
-    print_interleaved(interleaved(model_dir, pairs, args.threads), pairs, args.threads)
+    print_interleaved(interleaved(model_dir, pairs, args.threads, args.bf16), pairs, args.threads, args.bf16)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,19 @@ forward really runs (a group's shared prompt once, `backends.shared_prefix`; pad
 counts every row's tokens, what the user gets. The default width (128) and a wider model (512) on the same tokens
 show how the fraction grows with the matmul sizes.
 
-    nice -n 19 python benchmarks/train_mfu.py [--threads 1 2] [--widths 128 512]
+Both sides are measured in CPU time (`time.process_time`: other jobs' load does not count) and alternated in
+`--repeats` rounds (bound, training, bound, ...); each round's fraction is its training rate over the mean of the
+bounds measured just before and after it, and the table gives the median with its range. Where the CPU computes
+bf16 natively (avx512_bf16 / AMX) the same update under bf16 autocast (`model.compute_dtype=bf16`) runs in the
+same rounds, with the bf16 matmul bound beside it.
+
+    nice -n 19 python benchmarks/train_mfu.py [--threads 1 2] [--widths 128 512] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,16 +29,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bc_model_dir, bench_config, set_threads, table
+from _common import bc_model_dir, bench_config, set_threads, spread, table
 
 
-def matmul_flops(n: int = 1024, reps: int = 8) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP per CPU second of an n x n matmul (the machine's bound)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for _ in range(reps):
         torch.mm(a, b)
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / (time.process_time() - t0)
 
 
 def model_flops_per_token(model, batch) -> float:
@@ -64,11 +72,12 @@ def computed_tokens(learner, mb) -> tuple[int, int, int]:
 
 
 def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> tuple[float, float, float]:
-    """(trained tokens/s, run tokens/s, run tokens/s padding included) of clipped-loss updates over the batch."""
+    """(trained tokens, run tokens, run tokens padding included) per CPU second of clipped-loss updates over the
+    batch."""
     from agentgrad.algos.losses import ppo_clip_loss
 
     trained = ran = padded = 0
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for _ in range(epochs):
         for start in range(0, batch.num_sequences, minibatch):
             mb = batch.select(slice(start, start + minibatch))
@@ -78,7 +87,7 @@ def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> 
             learner.step(loss)
             counts = computed_tokens(learner, mb)
             trained, ran, padded = trained + counts[0], ran + counts[1], padded + counts[2]
-    dt = time.perf_counter() - t0
+    dt = time.process_time() - t0
     return trained / dt, ran / dt, padded / dt
 
 
@@ -86,12 +95,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 512])
-    ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--bc-steps", type=int, default=60, help="BC steps of the model that samples the batch: at 60 "
+                    "a group's 8 samples differ as in the default run's RL steps (as benchmark a's); from ~80 the "
+                    "model solves nearly every task the same way, a group's rows share all but their last token "
+                    "and the update runs 1-token continuations (a zero-signal batch the default run would skip)")
     ap.add_argument("--buckets", type=int, default=4, help="TorchLearner.max_buckets (1: one padded forward)")
+    ap.add_argument("--repeats", type=int, default=5, help="alternated rounds of (bound, training)")
     args = ap.parse_args()
 
     from agentgrad.backends.base import SamplingParams
     from agentgrad.backends.hf import TorchLearner
+    from agentgrad.backends.precision import FP32, cpu_has_bf16, resolve_compute_dtype
     from agentgrad.batch import collate
     from agentgrad.envs import SUITES
     from agentgrad.models.hf import load_model
@@ -111,6 +125,9 @@ def main() -> None:
     scored = score(trajs, OutcomeReward(suite), suite)
     batch = collate(scored, pad_token_id=loaded.pad_token_id, group_index=[i // 8 for i in range(len(scored))])
     batch = batch.replace(advantages=torch.randn(batch.loss_mask.shape) * batch.loss_mask)
+    computes = {"fp32": FP32}
+    if cpu_has_bf16():
+        computes["bf16"] = resolve_compute_dtype("bf16", "cpu")
     rows = []
     for width in args.widths:
         if width == loaded.model.config.hidden_size:
@@ -119,22 +136,39 @@ def main() -> None:
             torch.manual_seed(0)
             model = build_tiny_model(loaded.tokenizer, hidden_size=width, num_layers=4, num_heads=8,
                                      num_kv_heads=4, intermediate_size=3 * width)
-        learner = TorchLearner(model, lr=1e-5, max_buckets=args.buckets)
+        learners = {name: TorchLearner(model, lr=1e-5, max_buckets=args.buckets, compute=compute)
+                    for name, compute in computes.items()}
         per_token = model_flops_per_token(model, batch)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         for threads in args.threads:
             set_threads(threads)
-            train_tokens_per_s(learner, batch, epochs=1)  # warm-up
-            peak = matmul_flops()
-            trained, real, padded = train_tokens_per_s(learner, batch)
-            peak = (peak + matmul_flops()) / 2
-            rows.append((str(width), f"{params:.2f}M", str(threads), f"{peak / 1e9:.1f}", f"{trained:.0f}",
-                         f"{real:.0f}", f"{real / padded:.0%}", f"{real * per_token / 1e9:.2f}",
-                         f"{real * per_token / peak:.1%}"))
+            for learner in learners.values():
+                train_tokens_per_s(learner, batch, epochs=1)  # warm-up
+            dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+            bound = {name: [matmul_flops(dtype=dtypes[name])] for name in learners}
+            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in learners}
+            for _ in range(args.repeats):  # bound, training, bound, ...: each round between two bound samples
+                for name, learner in learners.items():
+                    runs[name].append(train_tokens_per_s(learner, batch))
+                    bound[name].append(matmul_flops(dtype=dtypes[name]))
+            for name, measured in runs.items():
+                peaks = [(a + b) / 2 for a, b in zip(bound[name], bound[name][1:])]
+                fp32_peaks = [(a + b) / 2 for a, b in zip(bound["fp32"], bound["fp32"][1:])]
+                flops = [real * per_token for _, real, _ in measured]
+                rows.append((str(width), f"{params:.2f}M", str(threads), name,
+                             spread([p / 1e9 for p in peaks], "{:.1f}"),
+                             spread([t for t, _, _ in measured], "{:.0f}"),
+                             spread([r for _, r, _ in measured], "{:.0f}"),
+                             f"{statistics.median(r / p for _, r, p in measured):.0%}",
+                             spread([f / 1e9 for f in flops], "{:.2f}"),
+                             spread([f / p for f, p in zip(flops, fp32_peaks)]),
+                             spread([f / p for f, p in zip(flops, peaks)])))
     print(f"\nGRPO update on {batch.num_sequences} episodes ({int(batch.attention_mask.sum())} real tokens, "
-          f"{batch.attention_mask.numel()} padded to one width), minibatch 64, length buckets <= {args.buckets}")
-    print(table(rows, ("width", "params", "threads", "matmul GFLOP/s", "trained tok/s", "run tok/s", "real/padded",
-                       "model GFLOP/s", "fraction of matmul (target >= 50%)")))
+          f"{batch.attention_mask.numel()} padded to one width), minibatch 64, length buckets <= {args.buckets}; "
+          f"per CPU second, median (min-max) of {args.repeats} alternated rounds")
+    print(table(rows, ("width", "params", "threads", "compute", "its matmul bound GFLOP/s", "trained tok/s",
+                       "run tok/s", "real/padded", "model GFLOP/s", "of the fp32 bound (target >= 50%)",
+                       "of its own bound")))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,22 @@ def test_logits_processor_mask_is_respected_and_logprobs_are_of_the_masked_distr
         assert math.isclose(g.logprobs[0], expected[legal.tolist().index(first)].item(), abs_tol=1e-5)
 
 
+def test_length_buckets_minimise_padding_plus_a_cost_per_forward():
+    """Hand-worked: 16 rows of 10 tokens and 8 of 100. Equal halves (12 + 12 rows) would run 12 x 10 + 12 x 100
+    = 1320 slots; the split at the length jump runs 16 x 10 + 8 x 100 = 960 (+ 64 for the second forward),
+    one run 24 x 100 = 2400. With lengths 10 and 12 a second forward saves 288 - 256 = 32 slots, less than its
+    64: one run."""
+    from agentgrad.backends.hf import length_buckets
+
+    lengths = torch.tensor([100] * 8 + [10] * 16)[torch.randperm(24, generator=torch.Generator().manual_seed(0))]
+    runs = length_buckets(lengths, 2, min_rows=8, overhead_tokens=64)
+    assert [sorted(set(lengths[r].tolist())) for r in runs] == [[10], [100]]
+    assert [len(r) for r in runs] == [16, 8]
+    assert len(length_buckets(torch.tensor([12] * 8 + [10] * 16), 2, min_rows=8, overhead_tokens=64)) == 1
+    assert len(length_buckets(torch.tensor([12] * 8 + [10] * 16), 2, min_rows=8, overhead_tokens=16)) == 2
+    assert len(length_buckets(lengths, 4, min_rows=13)) == 1  # two runs of >= 13 rows need 26
+
+
 def test_length_bucketed_learner_logprobs_equal_one_padded_forward(loaded_tiny):
     """Rows of very different lengths: the bucketed forward gives the same per-token logprobs (and zeros on
     padding) as one right-padded forward, and gradients flow through every bucket."""

@@ -86,14 +86,48 @@ class HFPolicy:
             return  # colocated with the learner: already the same tensors
         self.model.load_state_dict(state)
 
-def length_buckets(lengths: torch.Tensor, max_buckets: int) -> list[torch.Tensor]:
-    """Split rows into at most `max_buckets` groups of similar length (sorted, equal counts), keeping a group
-    only when it saves padding: a split costs one more forward, which dominates for small batches."""
+
+# What one more forward (and its backward) is taken to cost, in padded token slots (per-op overhead of ~20 ops per
+# layer). Rough on purpose: 0, 64 and 256 gave the same update speed within noise (docs/benchmarks.md, "What
+# changed for these numbers"); it only keeps near-equal lengths from being split into separate forwards.
+FORWARD_OVERHEAD_TOKENS = 64
+MIN_BUCKET_ROWS = 8
+
+
+def length_buckets(lengths: torch.Tensor, max_buckets: int, *, min_rows: int = MIN_BUCKET_ROWS,
+                   overhead_tokens: int = FORWARD_OVERHEAD_TOKENS) -> list[torch.Tensor]:
+    """Split rows (lengths (B,)) into at most `max_buckets` runs of similar length, each of at least `min_rows`
+    rows: the split of the sorted lengths that minimises padded token slots plus `overhead_tokens` per run
+    (dynamic programming over split points; a run costs its rows x its longest row). Equal-count chunks left
+    a third of a rollout minibatch's slots as padding (measured, benchmark c), since episode lengths cluster
+    by turn count rather than spreading evenly."""
     order = torch.argsort(lengths, stable=True)  # (B,)
     B = len(order)
-    k = max(1, min(max_buckets, B // 8))  # at least 8 rows per forward
-    chunks = [c for c in torch.tensor_split(order, k) if len(c)]
-    return chunks
+    k_max = max(1, min(max_buckets, B // max(1, min_rows)))
+    if k_max == 1:
+        return [order]
+    sorted_len = lengths[order].to(torch.float64).cpu()  # (B,)
+    ends = torch.arange(B + 1, dtype=torch.float64)  # (B+1,) a run covers sorted rows [i, j)
+    # span[i, j]: slots of a run over sorted rows [i, j) = (j - i) * length of row j - 1; inf when shorter
+    # than min_rows (or empty)
+    span = (ends[None, :] - ends[:, None]) * F.pad(sorted_len, (1, 0))[None, :]  # (B+1, B+1)
+    span = span.masked_fill(ends[None, :] - ends[:, None] < max(1, min_rows), math.inf)
+    best = span[0].clone()  # (B+1,) one run over [0, j)
+    cuts = [torch.zeros(B + 1, dtype=torch.long)]  # per run count: where the last run starts, for each end j
+    totals = [float(best[B])]
+    for _ in range(1, k_max):
+        cand = best[:, None] + span  # (B+1, B+1) runs over [0, i) then [i, j)
+        best, start = cand.min(0)  # (B+1,)
+        cuts.append(start)
+        totals.append(float(best[B]))
+    k = min(range(k_max), key=lambda n: totals[n] + overhead_tokens * n)  # n + 1 runs
+    bounds, j = [B], B
+    for n in range(k, 0, -1):
+        j = int(cuts[n][j])
+        bounds.append(j)
+    bounds.append(0)
+    bounds.reverse()
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 class TorchLearner:
