@@ -42,6 +42,19 @@ def test_observation_ids_follow_the_template(codec):
     assert text == "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_remembered_observation_ids_are_the_rendered_ones_and_a_fresh_list_each_time(codec):
+    """observation_ids remembers ids per distinct observation: a repeat gives the rendered ids again (checked
+    against the uncached rendering), the caller may change its list, and another observation gets its own."""
+    first = codec.observation_ids([Message("tool", "408")])
+    first.append(-1)
+    again = codec.observation_ids([Message("tool", "408")])
+    assert again == codec._render_observation([Message("tool", "408")]) == first[:-1]
+    other = codec.observation_ids([Message("tool", "409")])
+    assert codec.tokenizer.decode(other).count("409") == 1 and other != again
+    two = codec.observation_ids([Message("tool", "408"), Message("tool", "409")])
+    assert codec.tokenizer.decode(two).count("<tool_response>") == 2
+
+
 def test_tool_tags_survive_skip_special_tokens(codec):
     ids = codec.assistant_ids(Message("assistant", "", tool_calls=(ToolCall("calculator", {"expression": "1"}),)))
     assert codec.decode(ids).startswith("<tool_call>")
