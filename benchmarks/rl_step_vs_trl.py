@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bc_model_dir, bench_config, median, set_threads, table
+from _common import bc_model_dir, bench_config, median, set_threads, spread, table
 
 TASKS_PER_STEP, GROUP, EPOCHS, MINIBATCH, LR, TEMPERATURE = 16, 8, 4, 64, 1e-4, 0.7
 UPDATES_PER_STEP = EPOCHS * (TASKS_PER_STEP * GROUP // MINIBATCH)  # 8 optimizer steps per RL step
@@ -270,19 +270,18 @@ def interleaved(model_dir: Path, pairs: int, threads: int, bf16: bool = False) -
     return out
 
 
-def _summary(xs: list[float]) -> str:
-    return f"{median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
-
-
 def print_interleaved(res: dict, pairs: int, threads: int, bf16: bool = False) -> None:
+    def cell(xs: list[float]) -> str:
+        return spread(xs, "{:.2f}")
+
     ratio_wall = [t / a for t, a in zip(res["trl wall"], res["ag wall"])]
     ratio_cpu = [t / a for t, a in zip(res["trl cpu"], res["ag cpu"])]
     print(f"\nGRPO step ({TASKS_PER_STEP} tasks x {GROUP} samples, {EPOCHS} epochs, minibatch {MINIBATCH}), "
           f"threads={threads}, {'bf16 autocast' if bf16 else 'fp32'}, "
           f"{pairs} interleaved pairs after one warm-up step each; median (min-max)")
-    print(table([("wall s/step", _summary(res["ag wall"]), _summary(res["trl wall"]), _summary(ratio_wall)),
-                 ("CPU s/step", _summary(res["ag cpu"]), _summary(res["trl cpu"]), _summary(ratio_cpu)),
-                 ("of which rollout, wall s", _summary(res["ag rollout"]), "", "")],
+    print(table([("wall s/step", cell(res["ag wall"]), cell(res["trl wall"]), cell(ratio_wall)),
+                 ("CPU s/step", cell(res["ag cpu"]), cell(res["trl cpu"]), cell(ratio_cpu)),
+                 ("of which rollout, wall s", cell(res["ag rollout"]), "", "")],
                 ("", "agentgrad", "TRL GRPOTrainer", "TRL / agentgrad (target >= 3x in CPU time)")))
     tc, ag = res["trl counts"], res["ag counts"]
     print("\nWhat each side computes per RL step (mean over the timed steps):")

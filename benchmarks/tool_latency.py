@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bc_model_dir, bench_config, median, set_threads, table, timed
+from _common import bc_model_dir, bench_config, median, set_threads, spread, table, timed
 
 from agentgrad.types import ToolCall
 
@@ -110,7 +110,7 @@ def main() -> None:
     rows = []
     for name in names:
         base = speed[name, 0.0]
-        row = [name, f"{median(base):.0f} ({min(base):.0f}-{max(base):.0f})"]
+        row = [name, spread(base, "{:.0f}")]
         for lat in latencies[1:]:
             ratios = [s / i for s, i in zip(speed[name, lat], base)]
             row.append(f"{median(speed[name, lat]):.0f}: {median(speed[name, lat]) / median(base):.2f}x "

@@ -125,6 +125,7 @@ def main() -> None:
     scored = score(trajs, OutcomeReward(suite), suite)
     batch = collate(scored, pad_token_id=loaded.pad_token_id, group_index=[i // 8 for i in range(len(scored))])
     batch = batch.replace(advantages=torch.randn(batch.loss_mask.shape) * batch.loss_mask)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     computes = {"fp32": FP32}
     if cpu_has_bf16():
         computes["bf16"] = resolve_compute_dtype("bf16", "cpu")
@@ -144,16 +145,16 @@ def main() -> None:
             set_threads(threads)
             for learner in learners.values():
                 train_tokens_per_s(learner, batch, epochs=1)  # warm-up
-            dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
             bound = {name: [matmul_flops(dtype=dtypes[name])] for name in learners}
             runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in learners}
             for _ in range(args.repeats):  # bound, training, bound, ...: each round between two bound samples
                 for name, learner in learners.items():
                     runs[name].append(train_tokens_per_s(learner, batch))
                     bound[name].append(matmul_flops(dtype=dtypes[name]))
+            # each round's bound: the mean of the samples just before and after it
+            round_bound = {name: [(a + b) / 2 for a, b in zip(xs, xs[1:])] for name, xs in bound.items()}
             for name, measured in runs.items():
-                peaks = [(a + b) / 2 for a, b in zip(bound[name], bound[name][1:])]
-                fp32_peaks = [(a + b) / 2 for a, b in zip(bound["fp32"], bound["fp32"][1:])]
+                peaks, fp32_peaks = round_bound[name], round_bound["fp32"]
                 flops = [real * per_token for _, real, _ in measured]
                 rows.append((str(width), f"{params:.2f}M", str(threads), name,
                              spread([p / 1e9 for p in peaks], "{:.1f}"),

@@ -103,7 +103,8 @@ def length_buckets(lengths: torch.Tensor, max_buckets: int, *, min_rows: int = M
     by turn count rather than spreading evenly."""
     order = torch.argsort(lengths, stable=True)  # (B,)
     B = len(order)
-    k_max = max(1, min(max_buckets, B // max(1, min_rows)))
+    min_rows = max(1, min_rows)
+    k_max = max(1, min(max_buckets, B // min_rows))
     if k_max == 1:
         return [order]
     sorted_len = lengths[order].to(torch.float64).cpu()  # (B,)
@@ -111,7 +112,7 @@ def length_buckets(lengths: torch.Tensor, max_buckets: int, *, min_rows: int = M
     # span[i, j]: slots of a run over sorted rows [i, j) = (j - i) * length of row j - 1; inf when shorter
     # than min_rows (or empty)
     span = (ends[None, :] - ends[:, None]) * F.pad(sorted_len, (1, 0))[None, :]  # (B+1, B+1)
-    span = span.masked_fill(ends[None, :] - ends[:, None] < max(1, min_rows), math.inf)
+    span = span.masked_fill(ends[None, :] - ends[:, None] < min_rows, math.inf)
     best = span[0].clone()  # (B+1,) one run over [0, j)
     cuts = [torch.zeros(B + 1, dtype=torch.long)]  # per run count: where the last run starts, for each end j
     totals = [float(best[B])]
@@ -127,7 +128,7 @@ def length_buckets(lengths: torch.Tensor, max_buckets: int, *, min_rows: int = M
         bounds.append(j)
     bounds.append(0)
     bounds.reverse()
-    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]  # every run has >= min_rows rows
 
 
 class TorchLearner:

@@ -160,12 +160,12 @@ class ChatCodec:
         """Ids to append after a policy turn that ended with eos: the observation plus the next generation
         prompt, exactly as the template renders them (remembered per distinct observation, up to
         OBSERVATION_CACHE of them)."""
-        key = tuple((m.role, m.content) for m in tool_messages) if not any(m.tool_calls for m in tool_messages) \
-            else None
-        ids = self._observations.get(key) if key is not None else None
+        cacheable = not any(m.tool_calls for m in tool_messages)
+        key = tuple((m.role, m.content) for m in tool_messages) if cacheable else None
+        ids = self._observations.get(key) if cacheable else None
         if ids is None:
             ids = tuple(self._render_observation(tool_messages))
-            if key is not None and len(self._observations) < OBSERVATION_CACHE:
+            if cacheable and len(self._observations) < OBSERVATION_CACHE:
                 self._observations[key] = ids
         return list(ids)
 
