@@ -230,7 +230,7 @@ class BCConfig(Section):
                                         "took validation success from 27% to 60%).")
     keep_best: bool = Field(True, description="When BC uses all bc.steps without reaching stop_at_success, hand on "
                             "the weights of its best validation check (by the same smoothed signal), not the last.")
-    shared_prefix: bool = Field(False, description="Run the prefix all demos of a BC batch share (system prompt "
+    shared_prefix: bool = Field(True, description="Run the prefix all demos of a BC batch share (system prompt "
                                 "and tool list) once per batch, not once per demo: the same loss, fewer tokens.")
     head_loss_coef: float = Field(1.0, ge=0, description="Weight of the factored head's loss (mean NLL of the "
                                   "expert's tool per call) added to the token loss; rollout.action_head=factored only.")

@@ -145,3 +145,23 @@ def test_policy_and_critic_updates_compose_with_the_shared_prefix_forward(critic
     assert all(torch.isfinite(p).all() for p in model.parameters()) and metrics["train/critic_grad_norm"] > 0
     assert any(not torch.equal(a, p) for a, p in zip(policy_before, model.parameters()))
     assert not torch.equal(head_before, critic.model.head.weight)
+
+
+def test_the_packed_forward_runs_only_real_positions_and_matches_the_padded_one():
+    from agentgrad.backends.shared_prefix import LeanForward, _causal_mask
+
+    forward = LeanForward(_model("qwen2"))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, VOCAB, (3, 6), generator=g)  # (N, q)
+    lengths = torch.tensor([6, 2, 4])
+    real = torch.arange(6)[None] < lengths[:, None]  # (N, q)
+    positions = torch.arange(6).expand(3, 6)
+    allowed = _causal_mask(torch.zeros(3, dtype=torch.long), 6, 0)
+    with torch.no_grad():
+        packed, kv = forward(ids, positions, lengths, allowed, forward.weights())  # (R, V)
+        padded, _ = forward(ids, positions, torch.full((3,), 6), allowed, forward.weights())  # (N*q, V)
+        other_padding = ids.masked_fill(~real, 7)
+        repacked, _ = forward(other_padding, positions, lengths, allowed, forward.weights())
+    assert packed.shape == (12, VOCAB) and kv[0][0].shape == (3, 2, 6, 8)
+    assert torch.allclose(packed, padded.view(3, 6, VOCAB)[real], atol=1e-5, rtol=0)
+    assert torch.equal(packed, repacked)  # what sits in the padding never reaches a real position

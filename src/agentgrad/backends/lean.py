@@ -150,20 +150,33 @@ class LeanStack:
         return cos[0], sin[0]
 
     def hidden(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layers: list[LayerWeights],
-               attention: Attention) -> torch.Tensor:
-        """Final-norm hidden states (N, q, H) of ids (N, q) whose RoPE rows are cos, sin (N, q, d)."""
+               attention: Attention, real: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-norm hidden states (N, q, H) of ids (N, q) whose RoPE rows are cos, sin (N, q, d).
+
+        With `real` (R,), the flat indices (into N*q) of the positions that are not padding, every per-token op
+        (embedding, norms, the four matmuls, SwiGLU) runs on those R positions only and the result is (R, H): a
+        learner batch of ragged rows then pays for padding in the attention alone. The attention still sees
+        (N, q, ...) with padding positions zero."""
         N, q = ids.shape
         nh, kvh, d, H = self.heads, self.kv_heads, self.head_dim, self.hidden_size
         linear = attention.linear
-        x = F.embedding(ids, self.body.embed_tokens.weight)  # (N, q, H)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # (N, q, 1, d)
+        x = F.embedding(ids.flatten()[real] if real is not None else ids, self.body.embed_tokens.weight)  # (R|N,q, H)
         half = d // 2
+        # rotate_half(x) * sin == x.roll(half) * (sin with its first half negated), bit for bit, and the roll is
+        # one op forward and backward where slicing, negating and concatenating are four.
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # (N, q, 1, d)
         for li, w in enumerate(layers):
             h = F.rms_norm(x, (H,), w.norm1, self.eps)
-            qkv = linear(h, w.qkv, w.qkv_bias).view(N, q, nh + 2 * kvh, d)  # (N, q, heads, d)
+            qkv = linear(h, w.qkv, w.qkv_bias)  # (R|N,q, (heads + 2 kv_heads) d)
+            if real is not None:
+                qkv = qkv.new_zeros((N * q, qkv.shape[-1])).index_copy(0, real, qkv)
+            qkv = qkv.view(N, q, nh + 2 * kvh, d)
             qk = qkv[:, :, : nh + kvh]
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # RoPE, queries and keys
+            qk = qk * cos + qk.roll(half, dims=-1) * sin  # RoPE, queries and keys
             attn = attention(li, qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + kvh:])  # (N, q, heads*d)
+            if real is not None:
+                attn = attn.reshape(N * q, nh * d).index_select(0, real)  # (R, heads*d)
             x = x + linear(attn, w.o, w.o_bias)
             h = F.rms_norm(x, (H,), w.norm2, self.eps)
             gate, up = linear(h, w.gate_up, None).chunk(2, dim=-1)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from agentgrad.backends.lean import LeanStack, grouped_attention, has_lora_dropout, layer_weights
+from agentgrad.backends.lean import LayerWeights, LeanStack, has_lora_dropout, layer_weights
 from agentgrad.backends.lean import supports as lean_supports
 from agentgrad.backends.scoring import tempered
 from agentgrad.batch import TokenBatch
@@ -65,13 +65,17 @@ def plan_shared_prefixes(batch: TokenBatch) -> PrefixPlan | None:
 
 class PrefixAttention:
     """`LeanStack` attention for training: queries attend to `past` keys/values (a shared prefix run's, indexed
-    per row) and then their own, under `bias` (N, 1, 1, q, L_past + q); each layer's own keys/values are kept
-    (`kv`) for the runs that continue from these ids. Scores are scaled as the HF modules scale them."""
+    per row) and then their own where `allowed` (N, 1, q, L_past + q); each layer's own keys/values are kept
+    (`kv`) for the runs that continue from these ids. Scores are scaled as the HF modules scale them.
+
+    Torch's fused attention (SDPA, grouped kv heads) rather than `grouped_attention`'s matmul-softmax-matmul: it
+    never materialises the (q, L) scores for the backward, which made the learner's attention ~2x cheaper on
+    long continuations (docs/benchmarks.md, issue 17); rounding differs from the decoder's by ~1e-6."""
 
     linear = staticmethod(F.linear)
 
-    def __init__(self, bias: torch.Tensor, past: KV | None, scale: float) -> None:
-        self.bias, self.past, self.scale = bias, past, scale
+    def __init__(self, allowed: torch.Tensor, past: KV | None) -> None:
+        self.allowed, self.past = allowed, past
         self.kv: KV = []
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -79,7 +83,17 @@ class PrefixAttention:
         self.kv.append((k, v))
         if self.past is not None:
             k, v = torch.cat([self.past[layer][0], k], dim=2), torch.cat([self.past[layer][1], v], dim=2)
-        return grouped_attention(q, k, v, self.bias, self.scale)
+        N, nq, nh, d = q.shape
+        q = q.transpose(1, 2)  # (N, heads, q, d)
+        if q.device.type == "cpu":
+            # Under bf16 autocast on CPU, torch's fused attention backward ran ~4x slower in bf16 than in fp32
+            # (torch 2.13, AMD EPYC with avx512_bf16): the matmuls around it keep bf16, this stays fp32.
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=self.allowed,
+                                                     enable_gqa=nh != k.shape[1])  # (N, heads, q, d)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed, enable_gqa=nh != k.shape[1])
+        return out.transpose(1, 2).reshape(N, nq, nh * d)
 
 
 class LeanForward:
@@ -95,27 +109,33 @@ class LeanForward:
         self.stack = LeanStack(getattr(model, model.base_model_prefix))
         self.head = model.get_output_embeddings()
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
-                 past: KV | None = None) -> tuple[torch.Tensor, KV]:
-        """Logits (N, q, V) of ids (N, q) at `positions` (N, q), attending to `past` keys then its own under
-        `bias` (N, 1, 1, q, L_past + q) (0 or -inf); also returns each layer's keys/values of these ids."""
+    def weights(self) -> list[LayerWeights]:
+        """The fused weights, for every run of one learner step (one concatenation, one gradient split)."""
+        return layer_weights(self.stack.body)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
+                 allowed: torch.Tensor, layers: list[LayerWeights], past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """Logits (R, V) of the first `lengths` (N,) of ids (N, q) in row order (the rest is padding and does
+        not run), at `positions` (N, q), attending to `past` keys then its own where `allowed`
+        (N, 1, q, L_past + q); also returns each layer's keys/values (N, kv_heads, q, d) of these ids."""
         body = self.stack.body
         cos, sin = body.rotary_emb(body.embed_tokens.weight[:1, None], positions)  # (N, q, d)
-        attention = PrefixAttention(bias, past, self.stack.head_dim ** -0.5)
-        hidden = self.stack.hidden(ids, cos, sin, layer_weights(body), attention)  # (N, q, H)
+        real = (torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]).flatten().nonzero()[:, 0]  # (R,)
+        attention = PrefixAttention(allowed, past)
+        hidden = self.stack.hidden(ids, cos, sin, layers, attention, real)  # (R, H)
         return self.head(hidden).float(), attention.kv
 
 
-def _causal_bias(past_len: torch.Tensor, q: int, past_width: int) -> torch.Tensor:
-    """(N, 1, 1, q, past_width + q) attention bias: a row's first `past_len` past keys, then its own keys up to
-    the query (right padding sits after every real query, so it is never attended)."""
-    N, dev = len(past_len), past_len.device
+def _causal_mask(past_len: torch.Tensor, q: int, past_width: int) -> torch.Tensor:
+    """(N, 1, q, past_width + q) which keys each query attends to: a row's first `past_len` past keys, then its
+    own keys up to the query (right padding sits after every real query, so it is never attended; every query
+    attends at least to itself, so no softmax row is empty)."""
+    dev = past_len.device
     keys = torch.arange(past_width + q, device=dev)  # (L,)
     query = torch.arange(q, device=dev)[:, None]  # (q, 1)
     own = (keys >= past_width) & (keys - past_width <= query)  # (q, L)
     past = keys[None, None, :] < past_len[:, None, None]  # (N, 1, L)
-    allowed = own[None] | past  # (N, q, L)
-    return torch.zeros((N, 1, 1, q, past_width + q), device=dev).masked_fill(~allowed[:, None, None], float("-inf"))
+    return (own[None] | past)[:, None]  # (N, 1, q, L)
 
 
 def shared_prefix_logits(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
@@ -146,21 +166,24 @@ def shared_prefix_table(forward: LeanForward, batch: TokenBatch, plan: PrefixPla
     P, S = plan.prefix_ids.shape
     T = batch.input_ids.shape[1]
     cols = torch.arange(max(S, T), device=batch.input_ids.device)
-    prefix_logits, prefix_kv = forward(plan.prefix_ids, cols[:S].expand(P, S),
-                                       _causal_bias(torch.zeros_like(plan.prefix_len), S, 0))  # (P, S, V)
+    layers = forward.weights()
+    prefix_logits, prefix_kv = forward(plan.prefix_ids, cols[:S].expand(P, S), plan.prefix_len,
+                                       _causal_mask(torch.zeros_like(plan.prefix_len), S, 0), layers)  # (R, V)
     start = plan.prefix_len[plan.source]  # (B,) first position each row runs itself
-    tables, offset = [prefix_logits.flatten(0, 1)], P * S
-    where = plan.source[:, None] * S + cols[None, :T]  # (B, T) row in the flat logit table
+    tables = [prefix_logits]
+    first_row = torch.cumsum(plan.prefix_len, 0) - plan.prefix_len  # (P,) each prefix's first row in the table
+    where = first_row[plan.source, None] + cols[None, :T]  # (B, T); positions from `start` on are set below
+    offset = len(prefix_logits)
     for rows in buckets:
         own = plan.lengths[rows] - start[rows]  # (b,)
         q = int(own.max())
         positions = start[rows, None] + cols[None, :q]  # (b, q)
-        ids = batch.input_ids[rows].gather(1, positions.clamp(max=T - 1))  # (b, q); past the end: ignored
+        ids = batch.input_ids[rows].gather(1, positions.clamp(max=T - 1))  # (b, q); past the end: not run
         past = [(k[plan.source[rows]], v[plan.source[rows]]) for k, v in prefix_kv]  # (b, kvh, S, d) per layer
-        logits, _ = forward(ids, positions, _causal_bias(start[rows], q, S), past)  # (b, q, V)
-        tables.append(logits.flatten(0, 1))
+        logits, _ = forward(ids, positions, own, _causal_mask(start[rows], q, S), layers, past)  # (sum own, V)
+        tables.append(logits)
         t = cols[None, :T] - start[rows, None]  # (b, T) index into the row's continuation
-        own_rows = offset + torch.arange(len(rows), device=cols.device)[:, None] * q + t.clamp(0, q - 1)
+        own_rows = offset + (torch.cumsum(own, 0) - own)[:, None] + torch.minimum(t.clamp(min=0), own[:, None] - 1)
         where[rows] = torch.where(t >= 0, own_rows, where[rows])
-        offset += len(rows) * q
+        offset += len(logits)
     return torch.cat(tables), where  # (N, V), (B, T)
