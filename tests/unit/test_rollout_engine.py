@@ -130,3 +130,22 @@ def test_windowed_dense_decode_over_slots_past_the_first_matches_a_full_forward(
         context = prompts[k] + list(first[k].token_ids) + [30 + k, 31]
         lp = _full_forward_logprobs(loaded_tiny.model, context + list(gen.token_ids), 0.8)
         assert torch.allclose(lp[len(context):], torch.tensor(gen.logprobs), atol=1e-4), k
+
+
+def test_a_session_takes_over_the_last_sessions_cache_and_samples_as_a_fresh_one(policy, loaded_tiny):
+    """The second session runs in the first one's cache memory, zeroed first (NaN left there would poison every
+    row); its samples equal a fresh policy's."""
+    long_prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] + [i] for i in range(4)]
+    short_prompts = [[5, 6, 7][: i + 1] + [20 + i] for i in range(4)]  # ragged: rows read past their own length
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    policy.generate(long_prompts, SamplingParams(max_new_tokens=12, temperature=1.0, seed=2))
+    first = policy._spare_cache
+    assert first is not None and any(bool(k.any()) for k in first.k)  # keys of the first session are in it
+    for buf in (*first.k, *first.v):  # a stale non-finite value would reach every row through the masked keys
+        buf.fill_(float("nan"))
+    reused = policy.generate(short_prompts, sampling)
+    assert policy._spare_cache is first  # the same memory, reset in between
+    fresh = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids,
+                     pad_token_id=loaded_tiny.pad_token_id).generate(short_prompts, sampling)
+    assert [g.token_ids for g in reused] == [g.token_ids for g in fresh]
+    assert [g.logprobs for g in reused] == [g.logprobs for g in fresh]

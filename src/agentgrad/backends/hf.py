@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
-from agentgrad.backends.hf_engine import HFSession
+from agentgrad.backends.hf_engine import HFSession, SlotCache
 from agentgrad.backends.precision import FP32, ComputeDtype
 from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden, with_head_decisions
 from agentgrad.backends.shared_prefix import (
@@ -46,6 +46,7 @@ class HFPolicy:
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
         self._cache_kw = _cache_kwarg(model)
+        self._spare_cache: SlotCache | None = None  # the last session's, taken over by the next one of its shape
 
     @contextlib.contextmanager
     def session(self, sampling: SamplingParams, logits_processor: LogitsProcessor | None = None, *,
@@ -53,11 +54,15 @@ class HFPolicy:
                 max_batch: int | None = None) -> Iterator[HFSession]:
         was_training = self.model.training
         self.model.eval()
+        spare, self._spare_cache = self._spare_cache, None  # a session nested in this one allocates its own
         try:
-            yield HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                            cache_kw=self._cache_kw, max_sequences=max_sequences, max_tokens=max_tokens,
-                            logits_processor=logits_processor, pause=pause, batch_invariant=self.batch_invariant,
-                            max_batch=max_batch)
+            session = HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids,
+                                pad_token_id=self.pad_token_id, cache_kw=self._cache_kw, max_sequences=max_sequences,
+                                max_tokens=max_tokens, logits_processor=logits_processor, pause=pause,
+                                batch_invariant=self.batch_invariant, max_batch=max_batch, spare=spare)
+            yield session
+            if session.cache.k[0].device.type == "cpu":  # a GPU's caching allocator already reuses the memory
+                self._spare_cache = session.cache
         finally:
             if was_training:
                 self.model.train()

@@ -48,6 +48,23 @@ class SlotCache:
     def capacity(self) -> int:
         return self.k[0].shape[2]
 
+    def fits(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+             device: torch.device) -> bool:
+        """Whether a new session of this shape can take this cache over (`reset`) instead of allocating one."""
+        S, kvh, _, d = self.k[0].shape
+        return (len(self.k) == num_layers and num_slots <= S <= 2 * num_slots and (kvh, d) == (kv_heads, head_dim)
+                and self.k[0].dtype == dtype and self.k[0].device == device)
+
+    def reset(self) -> SlotCache:
+        """Empty, for the next session: zeroed in place (a fresh allocation's page faults cost ~4x the memset:
+        14 of a 64-episode rollout's ~250 ms). Zeroed, not left stale: a masked position contributes exactly 0
+        only while its value is finite."""
+        for buf in (*self.k, *self.v):
+            buf.zero_()
+        self.rows, self.first, self.kv_len = None, 0, 0
+        self.write_pos = self.write_pos[:0]
+        return self
+
     def grow(self, capacity: int, limit: int | None = None) -> None:
         """Make room for `capacity` positions per slot: doubling, so growth is rare, but not past `limit` (the
         session's token budget) unless `capacity` itself is larger (padded prefill rows can reach past it)."""
@@ -146,7 +163,7 @@ class HFSession:
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, eos_token_ids: Sequence[int],
                  pad_token_id: int, cache_kw: str, max_sequences: int, max_tokens: int,
                  logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None,
-                 batch_invariant: bool = False, max_batch: int | None = None) -> None:
+                 batch_invariant: bool = False, max_batch: int | None = None, spare: SlotCache | None = None) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
         # Fewer decoding than resident sequences (the rest wait on tools): the generating slots are a window
         # anywhere in the cache, so a dense decode starts at the first of them, not at slot 0.
@@ -161,7 +178,11 @@ class HFSession:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         S = max(1, max_sequences)
-        self.cache = SlotCache(cfg.num_hidden_layers, S, kv_heads, head_dim, min(max_tokens + 1, 256), dtype, device)
+        if spare is not None and spare.fits(cfg.num_hidden_layers, S, kv_heads, head_dim, dtype, device):
+            self.cache = spare.reset()  # `spare`: the last session's cache (`HFPolicy.session`)
+        else:
+            self.cache = SlotCache(cfg.num_hidden_layers, S, kv_heads, head_dim, min(max_tokens + 1, 256), dtype,
+                                   device)
         self.device = device
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
         self.eos = torch.tensor(sorted(set(eos_token_ids)), device=device)  # (E,)
