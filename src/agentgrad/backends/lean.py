@@ -9,8 +9,9 @@ One weight extractor (`layer_weights`), one layer loop (`LeanStack.hidden`), and
 - `CachedAttention` (rollout decoding): keys/values go into and come from a per-sequence slot cache; the weights
   are extracted once per session with the attention scale folded into the query rows, and every matmul is
   padded to `MIN_GEMM_ROWS` rows (`linear_rows`) so a sequence's logits do not depend on its batch mates;
-- `PrefixAttention` (shared-prefix training): keys/values of a shared prefix run are prepended per row; the
-  weights are read from the parameters on every call (autograd reaches them), the scale applied to the scores.
+- `PrefixAttention` (shared-prefix training): keys/values of a shared prefix run are prepended per row and torch's
+  fused attention runs over them; the weights are fused from the parameters once per learner call (autograd
+  reaches them), and the per-token work runs on real tokens only (`LeanStack.hidden(real=...)`).
 """
 
 from __future__ import annotations
