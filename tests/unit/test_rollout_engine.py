@@ -135,14 +135,15 @@ def test_windowed_dense_decode_over_slots_past_the_first_matches_a_full_forward(
 def test_a_session_takes_over_the_last_sessions_cache_and_samples_as_a_fresh_one(policy, loaded_tiny):
     """The second session runs in the first one's cache memory, zeroed first (NaN left there would poison every
     row); its samples equal a fresh policy's."""
-    long_prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] + [i] for i in range(4)]
+    long_prompts = [[5 + j % 12 for j in range(260)] + [i] for i in range(4)]  # past 256: the cache grows in a step
     short_prompts = [[5, 6, 7][: i + 1] + [20 + i] for i in range(4)]  # ragged: rows read past their own length
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     policy.generate(long_prompts, SamplingParams(max_new_tokens=12, temperature=1.0, seed=2))
     first = policy._spare_cache
     assert first is not None and any(bool(k.any()) for k in first.k)  # keys of the first session are in it
-    for buf in (*first.k, *first.v):  # a stale non-finite value would reach every row through the masked keys
-        buf.fill_(float("nan"))
+    with torch.inference_mode():  # the grown buffers are inference tensors, like the engine's
+        for buf in (*first.k, *first.v):  # a stale non-finite value would reach every row through the masked keys
+            buf.fill_(float("nan"))
     reused = policy.generate(short_prompts, sampling)
     assert policy._spare_cache is first  # the same memory, reset in between
     fresh = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids,

@@ -59,8 +59,9 @@ class SlotCache:
         """Empty, for the next session: zeroed in place (a fresh allocation's page faults cost ~4x the memset:
         14 of a 64-episode rollout's ~250 ms). Zeroed, not left stale: a masked position contributes exactly 0
         only while its value is finite."""
-        for buf in (*self.k, *self.v):
-            buf.zero_()
+        with torch.inference_mode():  # `grow` ran in a step, under inference mode: its buffers are inference tensors
+            for buf in (*self.k, *self.v):
+                buf.zero_()
         self.rows, self.first, self.kv_len = None, 0, 0
         self.write_pos = self.write_pos[:0]
         return self
