@@ -1,7 +1,8 @@
 """The adaptive stage end to end on the tiny model: BC hands on a policy whose sampled success is at or below the
 band's top, GRPO runs, and the schedule switches to PPO on the measured rolling success, with a critic that GRPO's
-rollouts warmed (its explained variance on the switch step's batch, which it had not been fitted on, logged and
-positive). `benchmarks/adaptive_switch.py` runs the same under several seeds (numbers in docs/algorithms.md)."""
+rollouts warmed (its explained variance on batches it had not been fitted on, logged at the switch; its mean
+over the switch's window, which the gate reads, positive). `benchmarks/adaptive_switch.py` runs the same under
+several seeds (numbers in docs/algorithms.md)."""
 
 import json
 

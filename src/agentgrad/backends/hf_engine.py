@@ -117,7 +117,7 @@ class CachedAttention:
             K, V = kc[self.window, :, :L], vc[self.window, :, :L]  # (B, kvh, L, d) views
         else:
             K, V = kc[self.rows, :, :L], vc[self.rows, :, :L]
-        return grouped_attention(q, K, V, self.bias, None)
+        return grouped_attention(q, K, V, self.bias)
 
 
 class LeanDecoder:

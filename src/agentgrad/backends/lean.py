@@ -107,16 +107,16 @@ def layer_weights(body: torch.nn.Module, query_scale: float | None = None) -> li
     return out
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                      scale: float | None) -> torch.Tensor:
-    """Softmax attention of queries q (N, q, heads, d) over keys/values k, v (N, kv_heads, L, d) under `bias`
-    (N, 1, 1, q, L) (0 or -inf), a kv head's query heads side by side; `scale` None: already in q. (N, q, heads*d)."""
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of queries q (N, q, heads, d), the attention scale already folded in (`layer_weights`'
+    `query_scale`), over keys/values k, v (N, kv_heads, L, d) under `bias` (N, 1, 1, q, L) (0 or -inf), a kv
+    head's query heads side by side: the decoder's (the learner uses torch's fused attention). (N, q, heads*d)."""
     N, nq, nh, d = q.shape
     kvh, L = k.shape[1], k.shape[2]
     g = nh // kvh
     qg = q.permute(0, 2, 1, 3).reshape(N, kvh, g * nq, d)  # (N, kvh, g*q, d)
     scores = (qg @ k.transpose(-1, -2)).view(N, kvh, g, nq, L)  # (N, kvh, g, q, L)
-    scores = (scores * scale if scale is not None else scores) + bias
+    scores = scores + bias
     attn = scores.softmax(-1).view(N, kvh, g * nq, L) @ v  # (N, kvh, g*q, d)
     return attn.view(N, nh, nq, d).transpose(1, 2).reshape(N, nq, nh * d)
 

@@ -14,6 +14,7 @@ the plain path.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -85,14 +86,14 @@ class PrefixAttention:
             k, v = torch.cat([self.past[layer][0], k], dim=2), torch.cat([self.past[layer][1], v], dim=2)
         N, nq, nh, d = q.shape
         q = q.transpose(1, 2)  # (N, heads, q, d)
-        if q.device.type == "cpu":
-            # Under bf16 autocast on CPU, torch's fused attention backward ran ~4x slower in bf16 than in fp32
-            # (torch 2.13, AMD EPYC with avx512_bf16): the matmuls around it keep bf16, this stays fp32.
-            with torch.autocast("cpu", enabled=False):
-                out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=self.allowed,
-                                                     enable_gqa=nh != k.shape[1])  # (N, heads, q, d)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed, enable_gqa=nh != k.shape[1])
+        # Under bf16 autocast on CPU, torch's fused attention backward ran ~4x slower in bf16 than in fp32 (torch
+        # 2.13, AMD EPYC with avx512_bf16): there the matmuls around it keep bf16 and this runs in fp32.
+        cpu = q.device.type == "cpu"
+        with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+            if cpu:
+                q, k, v = q.float(), k.float(), v.float()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed,
+                                                 enable_gqa=nh != k.shape[1])  # (N, heads, q, d)
         return out.transpose(1, 2).reshape(N, nq, nh * d)
 
 
