@@ -15,6 +15,7 @@ from test_shared_prefix import _grouped_batch, _model
 
 from agentgrad.algos.losses import sft_loss
 from agentgrad.backends.fsdp import broadcast_batch
+from agentgrad.pipelines.launch import end_rank_process, leave_processes
 
 STEPS = 2
 LR = 1e-2
@@ -64,7 +65,9 @@ def main(backend: str, out: str) -> None:
     if dist.get_rank() == 0:
         torch.save({"losses": losses, "grad_norms": norms, "state": state, "world_size": dist.get_world_size(),
                     "local_fraction": local_fraction, "resume": resumed}, out)
-    dist.destroy_process_group()
+    dist.barrier()  # rank 0's file is written before any rank ends
+    leave_processes()
+    end_rank_process()  # without the interpreter's finalization, as a run's ranks end (its docstring says why)
 
 
 def to_bytes(obj) -> bytes:
