@@ -158,10 +158,11 @@ def test_the_packed_forward_runs_only_real_positions_and_matches_the_padded_one(
     positions = torch.arange(6).expand(3, 6)
     allowed = _causal_mask(torch.zeros(3, dtype=torch.long), 6, 0)
     with torch.no_grad():
-        packed, kv = forward(ids, positions, lengths, allowed, forward.weights())  # (R, V)
-        padded, _ = forward(ids, positions, torch.full((3,), 6), allowed, forward.weights())  # (N*q, V)
+        packed, kv = forward(ids, positions, lengths, allowed, forward.weights())  # (R, H)
+        padded, _ = forward(ids, positions, torch.full((3,), 6), allowed, forward.weights())  # (N*q, H)
         other_padding = ids.masked_fill(~real, 7)
         repacked, _ = forward(other_padding, positions, lengths, allowed, forward.weights())
+        packed, padded, repacked = map(forward.logits, (packed, padded, repacked))  # (R | N*q, V)
     assert packed.shape == (12, VOCAB) and kv[0][0].shape == (3, 2, 6, 8)
     assert torch.allclose(packed, padded.view(3, 6, VOCAB)[real], atol=1e-5, rtol=0)
     assert torch.equal(packed, repacked)  # what sits in the padding never reaches a real position

@@ -172,10 +172,10 @@ class LeanStack:
             qkv = linear(h, w.qkv, w.qkv_bias)  # (R|N,q, (heads + 2 kv_heads) d)
             if real is not None:
                 qkv = qkv.new_zeros((N * q, qkv.shape[-1])).index_copy(0, real, qkv)
-            qkv = qkv.view(N, q, nh + 2 * kvh, d)
-            qk = qkv[:, :, : nh + kvh]
+            # split, not slices: its backward is one concatenation where each slice's is a zero fill and a copy
+            qk, v = qkv.view(N, q, nh + 2 * kvh, d).split((nh + kvh, kvh), dim=2)
             qk = qk * cos + qk.roll(half, dims=-1) * sin  # RoPE, queries and keys
-            attn = attention(li, qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + kvh:])  # (N, q, heads*d)
+            attn = attention(li, *qk.split((nh, kvh), dim=2), v)  # (N, q, heads*d)
             if real is not None:
                 attn = attn.reshape(N * q, nh * d).index_select(0, real)  # (R, heads*d)
             x = x + linear(attn, w.o, w.o_bias)
