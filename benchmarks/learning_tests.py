@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_one(seed: int, threads: int, k: str | None) -> tuple[int, int, bool, str, float]:
     env = {**os.environ, "AGENTGRAD_TEST_SEED": str(seed), "AGENTGRAD_TEST_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-m", "learning", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-rf", "-m", "learning", "-p", "no:cacheprovider",
            *(["-k", k] if k else []), "tests/integration"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     learned = [line[line.index("learning: "):].strip() for line in out.splitlines() if "learning: " in line]
+    learned += [line.strip() for line in out.splitlines() if line.startswith("FAILED ")]  # which, and why
     summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed)", line)),
                    f"exit {proc.returncode}").strip("= ")
     print(f"--- seed {seed}, {threads} thread(s): {summary}\n" + "".join(f"    {x}\n" for x in learned), flush=True)

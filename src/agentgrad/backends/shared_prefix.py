@@ -191,8 +191,9 @@ def shared_prefix_table(forward: LeanForward, batch: TokenBatch, plan: PrefixPla
         q = int(own.max())
         positions = start[rows, None] + cols[None, :q]  # (b, q)
         ids = batch.input_ids[rows].gather(1, positions.clamp(max=T - 1))  # (b, q); past the end: not run
-        # each row's prefix keys/values as a one-hot matmul: exact (one nonzero term), and its backward, the sum
-        # over a group's rows, is one small matmul where indexing's (an accumulating index_put) cost ~10x more
+        # each row's prefix keys/values as a one-hot matmul: exact (one nonzero term; where matmuls round to TF32,
+        # rounded as every other matmul is), and its backward, the sum over a group's rows, is one small matmul
+        # where indexing's (an accumulating index_put) cost ~10x more on CPU
         pick = F.one_hot(plan.source[rows], P).to(prefix_kv[0][0].dtype)  # (b, P)
         past = [(_rows_of(pick, k), _rows_of(pick, v)) for k, v in prefix_kv]  # (b, kvh, S, d) per layer
         hidden, _ = forward(ids, positions, own, _causal_mask(start[rows], q, S), layers, past)  # (sum own, H)
