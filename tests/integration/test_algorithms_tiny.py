@@ -31,10 +31,11 @@ ALGOS = {
     "rest": [],
     # Four passes over each iteration's pairs, as the RL algorithms make over each batch (algo.epochs_per_step), and
     # more iterations: only groups with both a success and a failure give pairs. With the NLL term (dpo.nll_coef);
-    # plain DPO went 45% -> 30% here, and at lr 3e-4 to 7%. 16 samples per task: the BC start succeeds in ~2% of
-    # its samples at temperature 0.7 (45% greedy), so 8 samples gave 0-6 pairs an iteration and seeds 3 and 4
-    # lifted only +9 and +6 points; with 16, seeds 0-6 lift +33 to +64 (docs/learning.md, "DPO's budget").
-    "dpo": ["dpo.iterations=25", "dpo.tasks_per_iteration=8", "dpo.samples_per_task=16", "dpo.epochs=4"],
+    # plain DPO went 45% -> 30% here, and at lr 3e-4 to 7%. The default 16 tasks x 8 samples an iteration: the BC
+    # start succeeds in ~2% of its samples at temperature 0.7 (45% greedy), so 8 x 8 gave 0-6 pairs an iteration
+    # and seeds 3 and 4 lifted only +9 and +6 points; 16 x 8 lifts seeds 0-6 by +45 to +64 (8 x 16: +33 to +64;
+    # docs/learning.md, "DPO's budget").
+    "dpo": ["dpo.iterations=25", "dpo.epochs=4"],
     # Tree search distilled by BC and DPO (docs/search.md: +43 to +58 points on 3 seeds with these settings).
     "mcts": ["mcts.iterations=8"],
 }
