@@ -2,9 +2,10 @@
 
 Learner (forward and backward, as `backends/shared_prefix.py` runs them on benchmark c's batch: 4 query heads,
 2 kv heads, width 32, a boolean mask): torch's fused attention with grouped kv heads (what ships), the same with
-the kv heads repeated, and matmul-softmax-matmul. Decoder (one query per row over a slot cache, no gradient):
-the scores and weighted-value `bmm`s on the cache's views (what ships) and on contiguous copies (the copy not
-counted), and an elementwise product-and-sum. CPU time per call, one thread by default.
+the kv heads repeated, and matmul-softmax-matmul (the decoder's `grouped_attention`). Decoder (one query per
+row over a slot cache, no gradient): the scores and weighted-value `bmm`s on the cache's views (what ships) and
+on contiguous copies (the copy not counted), and an elementwise product-and-sum. CPU time per call, one thread
+by default.
 
     nice -n 19 python benchmarks/attention_kernels.py [--threads 1] [--reps 30]
 """
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import set_threads, table
+
+from agentgrad.backends.lean import grouped_attention
 
 HEADS, KV_HEADS, WIDTH = 4, 2, 32
 # (rows, queries, keys) of benchmark c's runs: a continuation bucket, the long bucket, a prefix run
@@ -63,12 +66,10 @@ def fused_repeated_kv(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask)
 
 
-def matmul_softmax(q, k, v, mask):
-    N, h, nq, d = q.shape
-    kvh = k.shape[1]
-    scores = (q.reshape(N, kvh, h // kvh * nq, d) @ k.transpose(-1, -2)).view(N, kvh, h // kvh, nq, -1) * d**-0.5
-    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))  # (N, kvh, g, q, L)
-    return (scores.softmax(-1).view(N, kvh, h // kvh * nq, -1) @ v).view(N, h, nq, d)
+def matmul_softmax(q, k, v, bias):
+    """The decoder's `grouped_attention` (bias (N, 1, 1, q, L), 0 or -inf), the scale folded into the queries as
+    `layer_weights` folds it."""
+    return grouped_attention((q * q.shape[-1] ** -0.5).transpose(1, 2), k, v, bias)
 
 
 def learner_rows(reps: int) -> list[tuple[str, ...]]:
@@ -78,9 +79,11 @@ def learner_rows(reps: int) -> list[tuple[str, ...]]:
         k, v = (torch.randn(N, KV_HEADS, L, WIDTH, requires_grad=True) for _ in range(2))
         mask = torch.rand(N, 1, nq, L) < 0.8
         mask[..., -1] = True  # no empty softmax row
+        bias = torch.zeros(N, 1, 1, nq, L).masked_fill(~mask[:, :, None], float("-inf"))  # built once, as the decoder
         grad = torch.randn(N, HEADS, nq, WIDTH)
-        times = [cpu_ms(forward_backward, (f, q, k, v, mask, grad), reps)
-                 for f in (fused_gqa, fused_repeated_kv, matmul_softmax)]
+        times = [cpu_ms(forward_backward, (f, q, k, v, m, g), reps) for f, m, g in (
+            (fused_gqa, mask, grad), (fused_repeated_kv, mask, grad),
+            (matmul_softmax, bias, grad.transpose(1, 2).reshape(N, nq, HEADS * WIDTH)))]
         rows.append((f"{N} x {nq} queries x {L} keys", *(f"{t:.2f}" for t in times)))
     return rows
 
