@@ -79,6 +79,8 @@ class RunResult:
     """Per step, sampled at the training temperature."""
     tokens_cumulative: list[float]
     wall_s: float
+    label: str = ""
+    """What `--set` changed (empty: the settings above), so arms with other settings share one results file."""
 
 
 @dataclass
@@ -91,11 +93,11 @@ class _Candidate:
 
 def heldout(c: Components) -> float:
     # A fixed task seed (0) for every run, whatever its training seed, so finals are comparable.
-    return evaluate(c.policy, c.codec, c.suite, c.limits, num_tasks=100, seed=0).success_rate
+    return evaluate(c.policy, c.codec, c.suite, c.limits, c.sampler, num_tasks=100, seed=0).success_rate
 
 
 def validation(c: Components) -> float:
-    return evaluate(c.policy, c.codec, c.suite, c.limits, num_tasks=VALIDATION_TASKS, seed=0,
+    return evaluate(c.policy, c.codec, c.suite, c.limits, c.sampler, num_tasks=VALIDATION_TASKS, seed=0,
                     split="test").success_rate
 
 
@@ -126,10 +128,11 @@ def _save_start(c: Components, target: float, cand: _Candidate, out: Path) -> St
     return start
 
 
-def run_one(start: Start, algo: str, seed: int, budget_tokens: int, out: Path) -> RunResult:
+def run_one(start: Start, algo: str, seed: int, budget_tokens: int, out: Path, extra: list[str],
+            label: str) -> RunResult:
     config = build_config(overrides=[*FAST, *SHARED, "bc.steps=0", f"model.path={start.path}", f"algo={algo}",
-                                     f"run.seed={seed}", "algo.steps=100000", "rest.iterations=100000"])
-    c = build_components(config, out / "runs" / f"{start.target:.2f}-{algo}-{seed}")
+                                     f"run.seed={seed}", "algo.steps=100000", "rest.iterations=100000", *extra])
+    c = build_components(config, out / "runs" / f"{start.target:.2f}-{algo}-{seed}{'-' + label if label else ''}")
     tokens: list[float] = []
     success: list[float] = []
     zero_signal: list[float] = []
@@ -143,7 +146,7 @@ def run_one(start: Start, algo: str, seed: int, budget_tokens: int, out: Path) -
     t0 = time.perf_counter()
     run_alone(algo, STAGES.get(algo), c, RunLogger([], ProgressDisplay(enabled=False)), on_step=on_step)
     return RunResult(start.target, start.heldout, algo, seed, len(tokens), tokens[-1], heldout(c),
-                     statistics.fmean(zero_signal), success, tokens, round(time.perf_counter() - t0, 1))
+                     statistics.fmean(zero_signal), success, tokens, round(time.perf_counter() - t0, 1), label)
 
 
 def steps_to(trace: list[float], threshold: float, window: int) -> int | None:
@@ -170,18 +173,42 @@ def _mean_sd(xs: list[float]) -> str:
 def table(rows: list[RunResult], thresholds: list[float], window: int) -> str:
     by = defaultdict(list)
     for r in rows:
-        by[(r.start, r.algo)].append(r)
+        by[(r.start, r.label, r.algo)].append(r)
     reach = "".join(f" >= {t:.0%}: steps / tokens (runs) |" for t in thresholds)
     header = (f"| start: target (held-out) | algo | seeds |{reach} final held-out (mean ± sd) | "
               f"rollout success, first -> last {window} steps | zero-signal groups |")
     lines = [header, "|---" * (6 + len(thresholds)) + "|"]
-    for (start, algo), rs in sorted(by.items(), key=lambda kv: (kv[0][0], ALGOS.index(kv[0][1]))):
+    for (start, label, algo), rs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], ALGOS.index(kv[0][2]))):
+        algo = f"{algo} ({label})" if label else algo
         first = statistics.fmean(statistics.fmean(r.rollout_success[:window]) for r in rs)
         last = [statistics.fmean(r.rollout_success[-window:]) for r in rs]
         zero = statistics.fmean(r.zero_signal_fraction for r in rs)
         reached = "".join(f" {_steps_cell(rs, t, window)} |" for t in thresholds)
         lines.append(f"| {start:.0%} ({rs[0].start_heldout:.0%}) | {algo} | {len(rs)} |{reached} "
                      f"{_mean_sd([r.final_heldout for r in rs])} | {first:.0%} -> {_mean_sd(last)} | {zero:.0%} |")
+    return "\n".join(lines)
+
+
+def ratios(rows: list[RunResult], thresholds: list[float], window: int) -> str:
+    """PPO's tokens to each threshold over GRPO's, seed by seed (the claim's "3 to 5 times"), where both reached it."""
+    tokens = {}
+    for r in rows:
+        for t in thresholds:
+            if h := steps_to(r.rollout_success, t, window):
+                tokens[(r.start, r.label, t, r.algo, r.seed)] = r.tokens_cumulative[h - 1]
+    lines = []
+    for start, label in sorted({(r.start, r.label) for r in rows}):
+        cells = []
+        for t in thresholds:
+            per_seed = sorted(tokens[(start, label, t, "ppo", s)] / tokens[(start, label, t, "grpo", s)]
+                              for s in sorted({r.seed for r in rows})
+                              if (start, label, t, "ppo", s) in tokens and (start, label, t, "grpo", s) in tokens)
+            if per_seed:
+                cells.append(f">= {t:.0%}: {statistics.median(per_seed):.2f}x "
+                             f"({per_seed[0]:.2f}-{per_seed[-1]:.2f}, {len(per_seed)} seeds)")
+        if cells:
+            lines.append(f"start {start:.0%}{' (' + label + ')' if label else ''}: PPO/GRPO tokens, median (range): "
+                         + "; ".join(cells))
     return "\n".join(lines)
 
 
@@ -202,19 +229,20 @@ def load_or_make_starts(out: Path) -> list[Start]:
 def sweep(args: argparse.Namespace) -> list[RunResult]:
     starts = load_or_make_starts(args.out)
     results = args.out / "results.jsonl"
-    done = {(r.start, r.algo, r.seed) for r in read_results(results)} if results.exists() else set()
+    done = ({(r.start, r.algo, r.seed, r.label) for r in read_results(results)} if results.exists() else set())
     rows = []
     for seed in range(args.seeds):  # seeds outermost: a cut-short run still has every cell once
         for start in [s for s in starts if s.target in args.starts]:
             for algo in args.algos:
-                if (start.target, algo, seed) in done:
+                if (start.target, algo, seed, args.label) in done:
                     continue
-                row = run_one(start, algo, seed, args.budget_tokens, args.out)
+                row = run_one(start, algo, seed, args.budget_tokens, args.out, args.set, args.label)
                 rows.append(row)
                 with results.open("a") as fh:
                     fh.write(json.dumps(dataclasses.asdict(row)) + "\n")
-                print(f"{start.target:.0%} {algo} seed {seed}: {row.steps} steps, held-out {start.heldout:.0%} -> "
-                      f"{row.final_heldout:.0%}, zero-signal {row.zero_signal_fraction:.0%} ({row.wall_s} s)",
+                print(f"{start.target:.0%} {algo} {args.label} seed {seed}: {row.steps} steps, "
+                      f"held-out {start.heldout:.0%} -> {row.final_heldout:.0%}, "
+                      f"zero-signal {row.zero_signal_fraction:.0%} ({row.wall_s} s)",
                       flush=True)
     return read_results(results)
 
@@ -230,15 +258,24 @@ def main() -> None:
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.2, 0.5, 0.7],
                     help="Rolling rollout successes whose first crossing the table reports (steps and tokens).")
     ap.add_argument("--window", type=int, default=5, help="Steps in the rolling mean (and in the last-steps column).")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="Overrides for every run after the shared settings (e.g. algo.lr=1e-3); give --label too.")
+    ap.add_argument("--label", default="", help="Names the --set arm in results.jsonl and the table.")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-grpo-vs-ppo"))
     ap.add_argument("--table", type=Path, help="Only print the table of an existing results.jsonl.")
     args = ap.parse_args()
+    if args.set and not args.label:
+        ap.error("--set needs --label (results of different settings share results.jsonl)")
     if args.table:
-        print(table(read_results(args.table), args.thresholds, args.window))
+        rows = read_results(args.table)
+        print(table(rows, args.thresholds, args.window))
+        print(ratios(rows, args.thresholds, args.window))
         return
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    print(table(sweep(args), args.thresholds, args.window))
+    rows = sweep(args)
+    print(table(rows, args.thresholds, args.window))
+    print(ratios(rows, args.thresholds, args.window))
 
 
 if __name__ == "__main__":
