@@ -7,10 +7,12 @@ train on the same budget of generated tokens (the same tasks-per-step x samples-
 the budget is spent), for several seeds. Reported per (start, algorithm): steps and tokens until the rolling
 rollout success reaches a threshold, final held-out greedy success (the same 100 held-out tasks for every
 run), and the fraction of zero-signal groups. Results are appended to a JSONL file as runs finish, so a
-partial run still reports.
+partial run still reports. Below the table: PPO's tokens to each threshold over GRPO's, seed by seed.
 
     nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py [--seeds 3] [--budget-tokens 150000] \\
         [--starts 0.05 ...] [--out DIR]
+    nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py --algos grpo ppo --starts 0.05 --budget-tokens 600000 \\
+        --set rollout.temperature=0.3 algo.lr=3e-4 --label T0.3-lr3e-4   # an arm with other settings
     nice -n 19 .venv/bin/python benchmarks/grpo_vs_ppo.py --table DIR/results.jsonl   # table only
 """
 
