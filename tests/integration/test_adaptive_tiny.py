@@ -11,7 +11,8 @@ from learning import SWEEP
 from test_train_tiny import FAST
 
 from agentgrad.config import build_config
-from agentgrad.pipelines.adaptive import CRITIC_EV, SUCCESS, ZERO_SIGNAL, decide
+from agentgrad.pipelines.adaptive import CRITIC_EV, decide
+from agentgrad.pipelines.run_state import SUCCESS, ZERO_SIGNAL
 from agentgrad.pipelines.train import train
 
 ADAPTIVE_STEPS = 20

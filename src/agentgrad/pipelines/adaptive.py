@@ -25,10 +25,8 @@ from agentgrad.pipelines.run_state import Stage
 
 HIGH_ALGO = "ppo"
 """The algorithm above the band: the only online algorithm with a critic."""
-SUCCESS = "rollout/success_rate"
-ZERO_SIGNAL = "rollout/zero_signal_groups"
 CRITIC_EV = "critic/explained_variance"
-"""The signals, as `rl.rollout_metrics` and `rl.critic_metrics` log them."""
+"""The critic's signal, as `rl.critic_metrics` logs it (the rollout signals are `run_state.SUCCESS`, `ZERO_SIGNAL`)."""
 
 
 @dataclass(frozen=True)

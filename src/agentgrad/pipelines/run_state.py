@@ -210,6 +210,11 @@ def slow_step_warning(stage: str, step: int, seconds: float, limit: float) -> st
             f"algo.epochs_per_step, or the rollout limits (docs/your-own-env.md)")
 
 
+SUCCESS = "rollout/success_rate"
+ZERO_SIGNAL = "rollout/zero_signal_groups"
+"""Rollout signals as `rl.rollout_metrics` logs them (read here and by the adaptive schedule)."""
+
+
 class NoSignalWatch:
     """Warns once when a stage's recent rollouts were nearly all failures, so nearly every group scored alike and
     group-relative advantages (and DPO's pairs, ReST's kept samples) were empty: the run burns steps without
@@ -224,7 +229,7 @@ class NoSignalWatch:
 
     def update(self, stage: str, step: int, metrics: Mapping[str, float]) -> str | None:
         """The warning line the first time the last `window` steps qualify, else None."""
-        success, zero = metrics.get("rollout/success_rate"), metrics.get("rollout/zero_signal_groups")
+        success, zero = metrics.get(SUCCESS), metrics.get(ZERO_SIGNAL)
         if self.warned or success is None or zero is None:
             return None
         self.recent.append((success, zero))

@@ -19,7 +19,7 @@ import torch
 from agentgrad.config import AdaptiveConfig, Config, StageConfig
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.logging import RunLogger
-from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, CRITIC_EV, HIGH_ALGO, SUCCESS, ZERO_SIGNAL, decide
+from agentgrad.pipelines.adaptive import ADAPTIVE_STAGE, CRITIC_EV, HIGH_ALGO, decide
 from agentgrad.pipelines.bc import BC_STAGE
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.dpo import DPO_STAGE
@@ -27,6 +27,8 @@ from agentgrad.pipelines.mcts import MCTS_STAGE
 from agentgrad.pipelines.rest import REST_STAGE
 from agentgrad.pipelines.rl import ONLINE_ALGORITHMS, ONLINE_STAGE
 from agentgrad.pipelines.run_state import (
+    SUCCESS,
+    ZERO_SIGNAL,
     RunState,
     Save,
     ScheduleState,
