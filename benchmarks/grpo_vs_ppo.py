@@ -198,12 +198,13 @@ def ratios(rows: list[RunResult], thresholds: list[float], window: int) -> str:
         for t in thresholds:
             if h := steps_to(r.rollout_success, t, window):
                 tokens[(r.start, r.label, t, r.algo, r.seed)] = r.tokens_cumulative[h - 1]
+    seeds = {r.seed for r in rows}
     lines = []
     for start, label in sorted({(r.start, r.label) for r in rows}):
         cells = []
         for t in thresholds:
             per_seed = sorted(tokens[(start, label, t, "ppo", s)] / tokens[(start, label, t, "grpo", s)]
-                              for s in sorted({r.seed for r in rows})
+                              for s in seeds
                               if (start, label, t, "ppo", s) in tokens and (start, label, t, "grpo", s) in tokens)
             if per_seed:
                 cells.append(f">= {t:.0%}: {statistics.median(per_seed):.2f}x "
@@ -231,7 +232,7 @@ def load_or_make_starts(out: Path) -> list[Start]:
 def sweep(args: argparse.Namespace) -> list[RunResult]:
     starts = load_or_make_starts(args.out)
     results = args.out / "results.jsonl"
-    done = ({(r.start, r.algo, r.seed, r.label) for r in read_results(results)} if results.exists() else set())
+    done = {(r.start, r.algo, r.seed, r.label) for r in read_results(results)} if results.exists() else set()
     rows = []
     for seed in range(args.seeds):  # seeds outermost: a cut-short run still has every cell once
         for start in [s for s in starts if s.target in args.starts]:

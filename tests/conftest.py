@@ -39,3 +39,19 @@ def codec(loaded_tiny):
     from agentgrad.rollout.chat import ChatCodec
 
     return ChatCodec(loaded_tiny.tokenizer, loaded_tiny.eos_token_ids)
+
+
+@pytest.fixture()
+def printed_display():
+    """A disabled ProgressDisplay that keeps what a run prints (its `warning:` lines) in `.printed`."""
+    from agentgrad.logging import ProgressDisplay
+
+    class PrintedDisplay(ProgressDisplay):
+        def __init__(self):
+            super().__init__(enabled=False)
+            self.printed: list[str] = []
+
+        def print(self, message):
+            self.printed.append(message)
+
+    return PrintedDisplay()

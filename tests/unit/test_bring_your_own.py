@@ -326,23 +326,15 @@ def test_a_game_log_ends_with_the_envs_own_termination(game, codec, tmp_path):
 # ---- a step far slower than the defaults expect -----------------------------------------------------------
 
 
-def test_a_slow_rl_step_warns_once_per_stage():
+def test_a_slow_rl_step_warns_once_per_stage(printed_display):
     import dataclasses
     from types import SimpleNamespace
 
-    from agentgrad.logging import ProgressDisplay, RunLogger
+    from agentgrad.logging import RunLogger
     from agentgrad.pipelines.rl import ONLINE_STAGE
     from agentgrad.pipelines.run_state import run_alone
 
-    class Display(ProgressDisplay):
-        def __init__(self):
-            super().__init__(enabled=False)
-            self.printed = []
-
-        def print(self, message):
-            self.printed.append(message)
-
-    display = Display()
+    display = printed_display
     steps = iter([5.0, 80.0, 90.0])
     stage = dataclasses.replace(ONLINE_STAGE, step=lambda c, logger, store, state, step: {"perf/step_s": next(steps)})
     c = SimpleNamespace(config=build_config(overrides=["algo.steps=3"]))

@@ -6,7 +6,7 @@ import dataclasses
 from types import SimpleNamespace
 
 from agentgrad.config import build_config
-from agentgrad.logging import ProgressDisplay, RunLogger
+from agentgrad.logging import RunLogger
 from agentgrad.pipelines.rl import ONLINE_STAGE
 from agentgrad.pipelines.run_state import NoSignalWatch, run_alone
 
@@ -49,16 +49,8 @@ def test_stages_without_rollout_metrics_are_ignored():
     assert watch.recent == type(watch.recent)([], maxlen=1)
 
 
-def test_an_rl_stage_prints_the_warning_through_its_display():
-    class Display(ProgressDisplay):
-        def __init__(self):
-            super().__init__(enabled=False)
-            self.printed = []
-
-        def print(self, message):
-            self.printed.append(message)
-
-    display = Display()
+def test_an_rl_stage_prints_the_warning_through_its_display(printed_display):
+    display = printed_display
     stage = dataclasses.replace(ONLINE_STAGE, step=lambda c, logger, store, state, step: metrics(0.0, 1.0))
     c = SimpleNamespace(config=build_config(overrides=["algo.steps=12", "run.slow_step_warn_s=1e9"]))
     run_alone("grpo", stage, c, RunLogger([], display), state=object())
