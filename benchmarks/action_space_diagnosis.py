@@ -55,8 +55,8 @@ def measure(c, held, plain_masks) -> tuple[float, float]:
         lp = c.learner.logprobs(batch)
         return float(sft_loss(lp, mask)), float("nan")
     d = collate_head(held, c.tool_head.tool_names)
-    lp, hidden = c.learner.logprobs_and_hidden(batch, d.row, d.position)
-    acc = (c.tool_head(hidden, d.legal).argmax(-1) == d.tool).float().mean()
+    lp, hidden = c.learner.logprobs_and_hidden(batch)
+    acc = (c.tool_head(hidden, d.row, d.position, d.legal).argmax(-1) == d.tool).float().mean()
     return float(sft_loss(lp, mask)), float(acc)
 
 
@@ -69,9 +69,10 @@ def gradient_scale(args, model_dir: Path, run_dir: Path) -> None:
     d = collate_head(picked, c.tool_head.tool_names)
     c.learner.head_detached = False
     names, params = zip(*c.loaded.model.named_parameters())
-    lp, hidden = c.learner.logprobs_and_hidden(batch, d.row, d.position)
+    lp, hidden = c.learner.logprobs_and_hidden(batch)
     token = torch.autograd.grad(sft_loss(lp, batch.loss_mask), params, retain_graph=True, allow_unused=True)
-    head = torch.autograd.grad(c.tool_head.bc_loss(hidden, d.legal, d.tool), params, allow_unused=True)
+    head = torch.autograd.grad(c.tool_head.bc_loss(hidden, d.row, d.position, d.legal, d.tool), params,
+                               allow_unused=True)
 
     def final(name: str) -> bool:
         return name.endswith("model.norm.weight")

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from agentgrad.algos.constrained import factored_tool_logprobs
@@ -35,26 +36,74 @@ def test_gradients_stay_finite_under_masks():
     assert torch.isfinite(category_logits.grad).all() and torch.isfinite(tool_logits.grad).all()
 
 
-def test_head_on_the_api_catalog_samples_only_legal_tools_and_learns_by_bc():
+def _head(width: int = 16) -> FactoredToolHead:
     torch.manual_seed(0)
     specs = catalog()
-    head = FactoredToolHead(16, [(s.name, s.category) for s in specs])
+    return FactoredToolHead(width, [(s.name, s.category) for s in specs])
+
+
+def test_head_on_the_api_catalog_gives_a_distribution_over_legal_tools_only():
+    head = _head()
+    specs = catalog()
     assert len(head.categories) == 16 and len(head.tool_names) == len(specs)
     public = frozenset(s.name for s in specs if not s.auth)
-    legal = head.legal_mask([public] * 64)
-    hidden = torch.randn(64, 16)
-    choice = head.choose(hidden, legal, generator=torch.Generator().manual_seed(0))
-    assert all(head.tool_names[i] in public for i in choice.tool_index.tolist())
-    torch.testing.assert_close(choice.logprob, head(hidden, legal).gather(-1, choice.tool_index[:, None]).squeeze(-1))
-    assert torch.exp(head(hidden, legal)).sum(-1).sub(1).abs().max() < 1e-5  # a distribution over legal tools
+    states = torch.randn(5, 16)  # (L, H): one context, the call at its last token
+    with torch.no_grad():
+        logp = head(states[None], torch.tensor([0]), torch.tensor([4]), head.legal_mask([public]))[0]  # (N,)
+    assert abs(float(logp.exp().sum()) - 1) < 1e-5
+    assert all((logp[i] > float("-inf")) == (n in public) for i, n in enumerate(head.tool_names))
+    picked = {head.decide(states, public, temperature=1.0, uniform=u)[0] for u in torch.rand(200).tolist()}
+    assert picked <= public and len(picked) > 10
+    name, lp = head.decide(states, public, temperature=1.0, uniform=0.3)
+    assert lp == float(logp[head.tool_names.index(name)])
+    greedy, _ = head.decide(states, public, temperature=0.0, uniform=0.3)
+    assert greedy == head.tool_names[int(logp.argmax())]
 
-    # BC: 8 fixed states, each with its expert tool; the head fits them
-    states, targets = torch.randn(8, 16), torch.tensor([head.tool_names.index(s.name) for s in specs[3:200:25]])
-    legal8 = head.legal_mask([frozenset(head.tool_names)] * 8)
-    opt = torch.optim.Adam(head.parameters(), lr=0.05)
-    for _ in range(60):
-        loss = head.bc_loss(states, legal8, targets)
+
+def test_a_decision_reads_its_context_up_to_the_call_and_nothing_after():
+    """Batch rows are right-padded sequences: decision d reads row[d] up to position[d]. What comes after the
+    call (later tokens, padding) changes nothing; an earlier token does; a sequence alone equals its batch row."""
+    head = _head()
+    states = torch.randn(2, 9, 16)  # (B, T, H)
+    row, position = torch.tensor([0, 1, 1]), torch.tensor([4, 2, 8])
+    legal = head.legal_mask([frozenset(head.tool_names)] * 3)
+    logp = head(states, row, position, legal)  # (D, N)
+    later = states.clone()
+    later[0, 5:] = torch.randn(4, 16)  # after decision 0's call
+    torch.testing.assert_close(head(later, row, position, legal)[0], logp[0])
+    earlier = states.clone()
+    earlier[0, 1] = torch.randn(16)
+    assert (head(earlier, row, position, legal)[0] - logp[0]).abs().max() > 1e-4
+    alone = head(states[1:2, :3], torch.tensor([0]), torch.tensor([2]), legal[:1])  # decision 1 on its own
+    torch.testing.assert_close(alone[0], logp[1])
+
+
+def test_bc_fits_tools_that_only_the_context_tells_apart():
+    """Eight contexts whose call-position states are identical: the tool is named only by an earlier token
+    (position 2). A classifier of the call position alone can fit at most one of them; the head fits all."""
+    head = _head()
+    specs = catalog()
+    states = torch.randn(1, 6, 16).repeat(8, 1, 1)  # (8, 6, H), the same everywhere ...
+    states[:, 2] = torch.randn(8, 16)  # ... but at position 2
+    row, position = torch.arange(8), torch.full((8,), 5)
+    targets = torch.tensor([head.tool_names.index(s.name) for s in specs[3:200:25]])
+    legal = head.legal_mask([frozenset(head.tool_names)] * 8)
+    opt = torch.optim.Adam(head.parameters(), lr=0.01)
+    for _ in range(150):
+        loss = head.bc_loss(states, row, position, legal, targets)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert torch.equal(head.choose(states, legal8, temperature=0).tool_index, targets)
+    assert torch.equal(head(states, row, position, legal).argmax(-1), targets)
+
+
+def test_a_head_file_of_another_layout_is_refused_with_a_clear_error(tmp_path):
+    head = _head()
+    head.save(tmp_path / "tool_head.pt")
+    again = FactoredToolHead.load(tmp_path / "tool_head.pt")
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), again.state_dict().values()))
+    blob = head.to_blob()
+    del blob["layout"]  # as saved before the context read-out
+    torch.save(blob, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="another layout.*train the head again"):
+        FactoredToolHead.load(tmp_path / "old.pt")

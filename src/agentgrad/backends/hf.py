@@ -22,6 +22,7 @@ from agentgrad.backends.shared_prefix import (
     shared_prefix_logprobs,
 )
 from agentgrad.batch import TokenBatch
+from agentgrad.models.hf import hidden_states, model_parts
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -84,6 +85,14 @@ class HFPolicy:
             while s.has_work:
                 out.update(s.step())
         return [out[b] for b in range(len(prompts))]
+
+    @torch.inference_mode()
+    def context_states(self, ids: Sequence[int]) -> torch.Tensor:
+        """The final hidden states (L, H) of a sequence's ids, from the forward the learner scores with
+        (`models.hf.hidden_states`): what a factored head reads at a decision (rollout/factored.py)."""
+        body, _ = model_parts(self.model)
+        x = torch.tensor([list(ids)], dtype=torch.long, device=next(self.model.parameters()).device)  # (1, L)
+        return hidden_states(body, x, torch.ones_like(x))[0].float()  # (L, H)
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         own = self.model.state_dict()
@@ -204,16 +213,17 @@ class TorchLearner:
         return with_head_decisions(lp, hidden.detach() if self.head_detached else hidden, self.tool_head, batch,
                                    temperature)
 
-    def logprobs_and_hidden(self, batch: TokenBatch, rows: torch.Tensor, positions: torch.Tensor, *,
-                            temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token logprobs (B, T) and the hidden states at (rows[d], positions[d]): (D, H). One forward over
-        the whole batch (no length buckets): for BC of a factored head, whose demos are of similar length."""
+    def logprobs_and_hidden(self, batch: TokenBatch, *, temperature: float = 1.0
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token logprobs (B, T) and the final hidden states (B, T, H) a factored head reads (detached under
+        `head_detached`). One forward over the whole batch (no length buckets): for BC of a factored head, whose
+        demos are of similar length."""
         self.model.train()
         with self.compute.autocast():
             lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
                                                    batch.logit_masks)
-        read = hidden[rows, positions].float()  # (D, H)
-        return lp, read.detach() if self.head_detached else read
+        hidden = hidden.float()  # (B, T, H)
+        return lp, hidden.detach() if self.head_detached else hidden
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:

@@ -84,8 +84,9 @@ def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBat
     tools, read from the same forward's hidden states at the call positions."""
     assert c.tool_head is not None
     decisions = collate_head(picked, c.tool_head.tool_names).to(c.device)
-    logprobs, hidden = c.learner.logprobs_and_hidden(batch, decisions.row, decisions.position)  # (B, T), (D, H)
-    head_loss = c.tool_head.bc_loss(hidden, decisions.legal, decisions.tool) if len(decisions.row) else hidden.sum()
+    logprobs, hidden = c.learner.logprobs_and_hidden(batch)  # (B, T), (B, T, H)
+    head_loss = (c.tool_head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.tool)
+                 if len(decisions.row) else hidden.sum() * 0.0)
     return sft_loss(logprobs, batch.loss_mask), head_loss
 
 

@@ -1,8 +1,10 @@
 """Tool names chosen by a factored action head (`rollout.action_head=factored`) inside the agent loop.
 
 A turn is generated as text until it has written `<tool_call>` + the call header (`\\n{"name": "`): there the
-engine pauses (`DecodeSession` `pause`) and hands back the hidden state the name's first token would have been
-sampled from. The head picks (category, tool) over the env's legal tools from that state; the name's tokens are
+engine pauses (`DecodeSession` `pause`). The policy's forward gives the final hidden states of the context so
+far (`context_states`, the learner's forward, so sampler and learner read the same states), and the head picks
+(category, tool) over the env's legal tools from them (the last one is the state the name's first token would
+have been sampled from); the name's tokens are
 written in as context (loss_mask 0, logprob 0.0: the LM did not sample them) and the turn goes on as text (the
 arguments). One turn can hold several such decisions. Each is recorded as a `HeadDecision` (the position whose
 hidden state was read, the name's span, the tool, its logprob, the legal set).
@@ -14,7 +16,7 @@ so the LM cannot extend `weather.get_rain` into a longer legal name (the masked 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,10 +36,14 @@ class ToolHead(Protocol):
 
     tool_names: tuple[str, ...]
 
-    def decide(self, hidden: torch.Tensor, legal: frozenset[str], *, temperature: float,
+    def decide(self, states: torch.Tensor, legal: frozenset[str], *, temperature: float,
                uniform: float) -> tuple[str, float]:
-        """hidden (H,) -> (tool name, its logprob under the legal set), sampled by inverse CDF with `uniform`."""
+        """states (L, H) of the context up to the call position -> (tool name, its logprob under the legal set),
+        sampled by inverse CDF with `uniform`."""
         ...
+
+
+ContextStates = Callable[[Sequence[int]], torch.Tensor]  # ids (L,) -> final hidden states (L, H)
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,9 @@ class _Turn:
 class HeadCalls:
     """Per-episode turn state of a rollout whose tool names a head chooses (row = episode index)."""
 
-    def __init__(self, head: ToolHead, codec: ChatCodec, sampling: SamplingParams, num_rows: int) -> None:
-        self.head, self.codec = head, codec
+    def __init__(self, head: ToolHead, codec: ChatCodec, sampling: SamplingParams, num_rows: int,
+                 context_states: ContextStates) -> None:
+        self.head, self.codec, self.context_states = head, codec, context_states
         self.decoder: ToolNameDecoder = tool_name_decoder(codec)
         self.trigger = OPEN + self.decoder.header
         self.temperature = sampling.temperature
@@ -104,17 +111,20 @@ class HeadCalls:
             self._name_ids[name] = self.codec.encode(name)
         return self._name_ids[name]
 
-    def decide(self, row: int, gen: Generation, turn_start: int, masks: EpisodeMasks | None) -> list[int] | None:
-        """A paused turn: choose the tool from `gen.hidden`, write its name in. Returns the ids to submit and
-        continue with, or None when the turn budget has no room for the name and at least one more token.
-        The draw is keyed by (seed, row, the name's first position), so seeded runs repeat."""
+    def decide(self, row: int, gen: Generation, context: Sequence[int], masks: EpisodeMasks | None
+               ) -> list[int] | None:
+        """A paused turn: choose the tool from the states of `context` (the episode's ids before this turn) and
+        the turn so far, write its name in. Returns the ids to submit and continue with, or None when the turn
+        budget has no room for the name and at least one more token. The draw is keyed by (seed, row, the
+        name's first position), so seeded runs repeat."""
         turn = self.turns[row]
         turn.ids += gen.token_ids
         turn.logprobs += gen.logprobs
-        position = turn_start + len(turn.ids)
+        position = len(context) + len(turn.ids)
         u = float(counter_uniform(self.seed, torch.tensor([row]), torch.tensor([position]))[0])
         with torch.no_grad():
-            name, logprob = self.head.decide(gen.hidden, turn.legal, temperature=self.temperature, uniform=u)
+            states = self.context_states(list(context) + turn.ids)  # (position, H)
+            name, logprob = self.head.decide(states, turn.legal, temperature=self.temperature, uniform=u)
         ids = self.name_ids(name)
         if len(turn.ids) + len(ids) >= turn.budget:
             return None

@@ -274,7 +274,10 @@ def _head_calls(policy: Policy, codec: ChatCodec, sampling: SamplingParams, samp
         raise ValueError("rollout.action_head=factored needs a tool head (the policy has none)")
     if not isinstance(policy, SessionPolicy):
         raise ValueError("rollout.action_head=factored needs a policy with incremental sessions (e.g. HFPolicy)")
-    return HeadCalls(head, codec, sampling, num_rows)
+    states = getattr(policy, "context_states", None)
+    if states is None:
+        raise ValueError("rollout.action_head=factored needs a policy that exposes its hidden states (e.g. HFPolicy)")
+    return HeadCalls(head, codec, sampling, num_rows, states)
 
 
 def _chain(first: LogitsProcessor | None, then: LogitsProcessor | None) -> LogitsProcessor | None:
@@ -370,7 +373,7 @@ class _Schedule:
         assert calls is not None
         if gen.finish_reason != "pause":
             return calls.finish(i, gen)
-        ids = calls.decide(i, gen, len(self.episodes[i].token_ids), self.masker)
+        ids = calls.decide(i, gen, self.episodes[i].token_ids, self.masker)
         if ids is None:
             return calls.cut(i), ()
         self.session.submit(i, ids, calls.remaining(i))
