@@ -19,10 +19,10 @@ def policy(request, loaded_tiny, monkeypatch):
     return HFPolicy(loaded_tiny.model, eos_token_ids=(), pad_token_id=loaded_tiny.pad_token_id)
 
 
-def test_pause_hands_back_the_hidden_state_and_the_turn_continues_as_if_written(policy, loaded_tiny):
-    """Row 0 pauses after 3 sampled ids (row 1 never does): its hidden state is the final-norm state of its last
-    id, the state the 4th id would be sampled from. Writing 2 ids in and continuing samples exactly what a fresh
-    greedy turn over prompt + 3 ids + the 2 written ids samples."""
+def test_pause_ends_the_turn_before_sampling_and_the_turn_continues_as_if_written(policy, loaded_tiny):
+    """Row 0 pauses after 3 sampled ids (row 1 never does). Writing 2 ids in and continuing samples exactly what a
+    fresh greedy turn over prompt + 3 ids + the 2 written ids samples; the policy's `context_states` of the
+    paused sequence are the learner's forward's (what a factored head reads at the pause)."""
     prompts = {0: [5, 6, 7, 8], 1: [9, 10, 11]}
     paused = []
 
@@ -40,7 +40,7 @@ def test_pause_hands_back_the_hidden_state_and_the_turn_continues_as_if_written(
         while 0 not in done:
             done.update(s.step())
         first = done.pop(0)
-        assert first.finish_reason == "pause" and len(first.token_ids) == 3 and first.hidden is not None
+        assert first.finish_reason == "pause" and len(first.token_ids) == 3
         s.submit(0, [12, 13], 4)
         while len(done) < 2:
             done.update(s.step())
@@ -49,7 +49,7 @@ def test_pause_hands_back_the_hidden_state_and_the_turn_continues_as_if_written(
     with torch.no_grad():
         ids = torch.tensor([seq])
         _, hidden = token_logprobs_and_hidden(loaded_tiny.model, ids, torch.ones_like(ids))
-    torch.testing.assert_close(first.hidden, hidden[0, -1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(policy.context_states(seq), hidden[0], atol=1e-5, rtol=1e-5)
     fresh = policy.generate([seq + [12, 13]], SamplingParams(max_new_tokens=4, temperature=0.0))[0]
     assert done[0].token_ids == fresh.token_ids and len(done[0].token_ids) == 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -14,8 +14,8 @@ from agentgrad.batch import TokenBatch
 # (row index in the batch, generated-so-far ids of that row, logits (V,)) -> logits with illegal ids at -inf.
 LogitsProcessor = Callable[[int, Sequence[int], torch.Tensor], torch.Tensor]
 # (sequence key, ids generated so far this turn) -> True to end the turn there, before sampling the next token
-# (finish_reason "pause", with the hidden state that token would have been sampled from): a decision point
-# for an action head (rollout.action_head=factored). `submit(key, ids, n)` then continues the turn.
+# (finish_reason "pause"): a decision point for an action head (rollout.action_head=factored).
+# `submit(key, ids, n)` then continues the turn.
 PauseFn = Callable[[Hashable, Sequence[int]], bool]
 
 
@@ -39,7 +39,6 @@ class Generation:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" | "length" | "pause" (a session's `pause` ended the turn at a decision point)
-    hidden: torch.Tensor | None = field(default=None, compare=False, repr=False)  # (H,) final-norm state; "pause" only
 
 
 @runtime_checkable

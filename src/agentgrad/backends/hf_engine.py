@@ -157,7 +157,7 @@ class HFSession:
     `submit(key, ids, max_new_tokens)` appends ids to a sequence's context (the prompt the first time, then the
     observation) and asks for one more turn; `step()` advances every sequence one token and returns the turns
     that finished; `release(key)` frees the sequence's slot. Row randomness is keyed by (seed, key, position).
-    With `pause`, a turn can also end at a decision point (finish_reason "pause", `Generation.hidden` set);
+    With `pause`, a turn can also end at a decision point (finish_reason "pause");
     `submit(key, ids, n)` writes ids in (e.g. a tool name an action head chose) and continues it.
     """
 
@@ -329,10 +329,9 @@ class HFSession:
                 self.length[slots[dup]] = n
             order = [where[duplicates.get(r, r)] for r in range(len(slots))]
             logits = logits[torch.tensor(order, device=self.device)]  # (len(slots), V)
-            last = last[torch.tensor(order, device=self.device)]  # (len(slots), H)
         all_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         self.gen_count[all_rows] = 0
-        return self._sample_and_record(logits, all_rows, last)
+        return self._sample_and_record(logits, all_rows)
 
     def _decode(self) -> list[tuple[Hashable, Generation]]:
         active = self.generating.nonzero().squeeze(-1)  # (A,)
@@ -352,7 +351,7 @@ class HFSession:
         if idx is not None:
             hidden = hidden[idx]
         self.length[active] += 1
-        return self._sample_and_record(self._logits(hidden), active, hidden)
+        return self._sample_and_record(self._logits(hidden), active)
 
     # ---- sampling ------------------------------------------------------------------------------------------
 
@@ -371,8 +370,8 @@ class HFSession:
 
         return processor
 
-    def _paused(self, slots: torch.Tensor, hidden: torch.Tensor) -> tuple[list[int], list[tuple[Hashable, Generation]]]:
-        """Rows whose `pause` says stop before sampling; they come back as "pause" turns with their hidden state.
+    def _paused(self, slots: torch.Tensor) -> tuple[list[int], list[tuple[Hashable, Generation]]]:
+        """Rows whose `pause` says stop before sampling; they come back as "pause" turns.
         Their last id is already in the cache (it was this step's input), so nothing is left to prefill."""
         if self.pause is None:
             return list(range(len(slots))), []
@@ -384,14 +383,13 @@ class HFSession:
                 keep.append(r)
                 continue
             self.generating[slot] = False
-            gen = Generation(ids, tuple(self.gen_lps[slot, :n].tolist()), "pause", hidden=hidden[r].clone())
+            gen = Generation(ids, tuple(self.gen_lps[slot, :n].tolist()), "pause")
             out.append((self._key_of[slot], gen))
         return keep, out
 
-    def _sample_and_record(self, logits: torch.Tensor, slots: torch.Tensor,
-                           hidden: torch.Tensor) -> list[tuple[Hashable, Generation]]:
-        """Sample one id per slot from logits (R, V) (hidden (R, H)); finished turns come back as Generations."""
-        keep, paused = self._paused(slots, hidden)
+    def _sample_and_record(self, logits: torch.Tensor, slots: torch.Tensor) -> list[tuple[Hashable, Generation]]:
+        """Sample one id per slot from logits (R, V); finished turns come back as Generations."""
+        keep, paused = self._paused(slots)
         if paused:
             if not keep:
                 return paused
