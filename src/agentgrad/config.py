@@ -170,8 +170,8 @@ class RolloutConfig(Section):
                                                    "in flight).")
     action_head: Literal["tokens", "factored"] = Field("tokens", description="How a call's tool name is chosen. "
                                                        "tokens: the LM writes it (constrained by tool_name_mask); "
-                                                       "factored: a head reading the LM's hidden states of the context "
-                                                       "up to the call picks category then tool over the legal set, the "
+                                                       "factored: a head reading the LM's hidden states of the "
+                                                       "context picks category then tool over the legal set, the "
                                                        "name is written in, arguments stay text (rollout/factored.py). "
                                                        "Trained by BC (bc.head_loss_coef) and RL (each decision is "
                                                        "one more action).")
