@@ -109,6 +109,37 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_plain_forward(kind, temp
         assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("with_masks", [False, True])
+def test_the_hidden_states_a_factored_head_reads_equal_the_plain_forwards(with_masks):
+    """`logprobs_and_hidden` (BC of a factored head, and RL batches with head decisions) takes the shared-prefix
+    forward when the batch has groups: its logprobs, hidden states and the gradients through them are the plain
+    forward's."""
+    from agentgrad.backends.scoring import token_logprobs_and_hidden
+
+    model = _model("qwen2")
+    batch = _grouped_batch(with_masks)
+    learner = TorchLearner(model, lr=0.0, max_buckets=2, head_detached=False)
+    assert learner.lean is not None
+    real = batch.attention_mask.bool()
+    weights = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+
+    def loss(lp, hidden):  # something of both, so the gradients check the states' backward too
+        return (lp * batch.loss_mask).sum() + (hidden[real] @ weights).square().mean()
+
+    lp, hidden = learner.logprobs_and_hidden(batch, temperature=0.7)  # (B, T), (B, T, H)
+    loss(lp, hidden).backward()
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    plain_lp, plain_hidden = token_logprobs_and_hidden(model, batch.input_ids, batch.attention_mask, 0.7,
+                                                       batch.logit_masks)
+    loss(plain_lp, plain_hidden).backward()
+    assert plan_shared_prefixes(batch) is not None
+    assert torch.allclose(lp[real], plain_lp[real], atol=1e-5, rtol=0) and (lp[~real] == 0).all()
+    assert torch.allclose(hidden[real], plain_hidden[real], atol=1e-5, rtol=0)
+    for p, g in zip(model.parameters(), shared_grads):
+        assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-5)
+
+
 def test_rows_with_different_prompts_in_one_group_and_other_architectures_still_score_exactly():
     # Group 0's rows share nothing (an empty prefix: each row runs whole), group 2 shares two tokens.
     trajs = [_traj([5, 6, 7, 8, 9], 2), _traj([9, 8, 7], 1), _traj([4, 4, 4, 4], 1), _traj([3, 3, 1, 2], 2),

@@ -18,8 +18,10 @@ from agentgrad.backends.scoring import score_logits, token_logprobs, token_logpr
 from agentgrad.backends.shared_prefix import (
     LeanForward,
     plan_shared_prefixes,
+    shared_prefix_hidden,
     shared_prefix_logits,
     shared_prefix_logprobs,
+    table_logprobs,
 )
 from agentgrad.batch import TokenBatch
 from agentgrad.models.hf import hidden_states, model_parts
@@ -207,23 +209,36 @@ class TorchLearner:
 
     def _logprobs_with_head(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
         """Token logprobs (B, T) with each head decision's log p(category) + log p(tool | category) (tempered as
-        at sampling) at its score position, recomputed from the hidden state the head read. One forward."""
-        lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
-                                               batch.logit_masks)  # (B, T), (B, T, H)
+        at sampling) at its score position, recomputed from the hidden states the head read. One forward."""
+        lp, hidden = self._logprobs_and_states(batch, temperature)  # (B, T), (B, T, H)
         return with_head_decisions(lp, hidden.detach() if self.head_detached else hidden, self.tool_head, batch,
                                    temperature)
 
     def logprobs_and_hidden(self, batch: TokenBatch, *, temperature: float = 1.0
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token logprobs (B, T) and the final hidden states (B, T, H) a factored head reads (detached under
-        `head_detached`). One forward over the whole batch (no length buckets): for BC of a factored head, whose
-        demos are of similar length."""
+        `head_detached`), from one forward (BC of a factored head)."""
         self.model.train()
         with self.compute.autocast():
-            lp, hidden = token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
-                                                   batch.logit_masks)
+            lp, hidden = self._logprobs_and_states(batch, temperature)
         hidden = hidden.float()  # (B, T, H)
         return lp, hidden.detach() if self.head_detached else hidden
+
+    def _logprobs_and_states(self, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs (B, T) and final hidden states (B, T, H) from one forward: the shared-prefix one when rows of
+        a group share a prefix (each runs once: a GRPO group's prompt, BC's system prompt), else the plain one."""
+        plan = plan_shared_prefixes(batch) if self.lean is not None else None
+        if plan is None:
+            return token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
+                                             batch.logit_masks)
+        buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
+        hidden, where = shared_prefix_hidden(self.lean, batch, plan, buckets)  # (N, H), (B, T)
+        table = self.lean.logits(hidden)  # (N, V)
+        if batch.logit_masks is None:
+            lp = table_logprobs(table, where, batch.input_ids, temperature)  # (B, T)
+        else:
+            lp = score_logits(table[where], batch.input_ids, temperature, batch.logit_masks)  # (B, T)
+        return lp.masked_fill(batch.attention_mask == 0, 0.0), hidden[where]
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:

@@ -159,10 +159,16 @@ def shared_prefix_logprobs(forward: LeanForward, batch: TokenBatch, plan: Prefix
     the target token's log-probability is gathered per position. (B, T), position 0 gets 0; equal to
     `score_logits`' to float rounding (it subtracts a logsumexp, this takes log_softmax as the sampler does)."""
     table, where = shared_prefix_table(forward, batch, plan, buckets)  # (N, V), (B, T)
+    return table_logprobs(table, where, batch.input_ids, temperature)
+
+
+def table_logprobs(table: torch.Tensor, where: torch.Tensor, input_ids: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Per-token logprobs (B, T) from the distinct logit rows (N, V) and each position's row in them (B, T)."""
     # log_softmax, as the sampler normalises (algos.sampling): one fused kernel each way, ~2.5x cheaper than a
     # logsumexp and a subtraction here
     table = F.log_softmax(tempered(table, temperature), dim=-1)  # (N, V)
-    rows, targets = where[:, :-1], batch.input_ids[:, 1:]  # (B, T-1): position t predicts token t + 1
+    rows, targets = where[:, :-1], input_ids[:, 1:]  # (B, T-1): position t predicts token t + 1
     return F.pad(table[rows, targets], (1, 0))  # (B, T)
 
 
@@ -175,6 +181,15 @@ def shared_prefix_table(forward: LeanForward, batch: TokenBatch, plan: PrefixPla
                         buckets: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct logit rows (N, V) the prefix and continuation runs produce, and for every position of every
     row the index of its logits in that table (B, T)."""
+    hidden, where = shared_prefix_hidden(forward, batch, plan, buckets)
+    # one head matmul over every run's rows: concatenating H-wide hidden states, not V-wide logits
+    return forward.logits(hidden), where  # (N, V), (B, T)
+
+
+def shared_prefix_hidden(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
+                         buckets: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct final-norm hidden states (N, H) of the prefix and continuation runs, and for every position
+    of every row the index of its state in that table (B, T): `hidden[where]` is the plain forward's (B, T, H)."""
     P, S = plan.prefix_ids.shape
     T = batch.input_ids.shape[1]
     cols = torch.arange(max(S, T), device=batch.input_ids.device)
@@ -202,5 +217,4 @@ def shared_prefix_table(forward: LeanForward, batch: TokenBatch, plan: PrefixPla
         own_rows = offset + (torch.cumsum(own, 0) - own)[:, None] + torch.minimum(t.clamp(min=0), own[:, None] - 1)
         where[rows] = torch.where(t >= 0, own_rows, where[rows])
         offset += len(hidden)
-    # one head matmul over every run's rows: concatenating H-wide hidden states, not V-wide logits
-    return forward.logits(torch.cat(hiddens)), where  # (N, V), (B, T)
+    return torch.cat(hiddens), where  # (N, H), (B, T)

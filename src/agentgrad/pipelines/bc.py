@@ -84,7 +84,8 @@ def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBat
     tools, read from the same forward's hidden states at the call positions."""
     assert c.tool_head is not None
     decisions = collate_head(picked, c.tool_head.tool_names).to(c.device)
-    logprobs, hidden = c.learner.logprobs_and_hidden(batch)  # (B, T), (B, T, H)
+    shared = one_group(batch) if c.config.bc.shared_prefix else batch
+    logprobs, hidden = c.learner.logprobs_and_hidden(shared)  # (B, T), (B, T, H)
     head_loss = (c.tool_head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.tool)
                  if len(decisions.row) else hidden.sum() * 0.0)
     return sft_loss(logprobs, batch.loss_mask), head_loss
