@@ -185,7 +185,10 @@ def eval_cmd(
         _fail(str(exc))
     if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
         _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
-    policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
+    try:
+        policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
+    except ModelLoadError as exc:  # a tool_head.pt of another layout
+        _fail(str(exc))
     n = num_tasks or config.eval.num_tasks
     try:
         with display.track("held-out eval", n) as progress, _libraries_to_stderr():

@@ -158,6 +158,19 @@ def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
     final = build_components(config, tmp_path / "z", model_path=run_dir / "checkpoints" / "final")
     assert torch.equal(resumed.tool_head.tool_head.weight, final.tool_head.tool_head.weight)
 
+    # a tool_head.pt of the layout before the context read-out: `agentgrad eval` says so in one error line
+    import subprocess
+    import sys
+
+    from test_cli_bad_inputs import assert_one_error_line
+
+    blob = torch.load(run_dir / "checkpoints" / "final" / "tool_head.pt", weights_only=True)
+    del blob["layout"]
+    torch.save(blob, run_dir / "checkpoints" / "final" / "tool_head.pt")
+    out = subprocess.run([sys.executable, "-m", "agentgrad.cli", "eval", str(run_dir), "--num-tasks", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert_one_error_line(out, "another layout", "train the head again")
+
 
 def _bc_beside_head(loaded_tiny, codec, *, head_loss: bool, detached: bool, steps: int = 6):
     """BC of a copy of the tiny model on api-catalog demos with the LM's targets of the tokens arm (names

@@ -8,6 +8,7 @@ import torch
 from agentgrad.algos.constrained import factored_tool_logprobs
 from agentgrad.envs.tasks.api_catalog import catalog
 from agentgrad.models.factored_head import FactoredToolHead
+from agentgrad.models.hf import ModelLoadError
 
 # tools 0, 1 in category 0; tool 2 in category 1
 TOOL_CATEGORY = torch.tensor([0, 0, 1])
@@ -105,5 +106,5 @@ def test_a_head_file_of_another_layout_is_refused_with_a_clear_error(tmp_path):
     blob = head.to_blob()
     del blob["layout"]  # as saved before the context read-out
     torch.save(blob, tmp_path / "old.pt")
-    with pytest.raises(ValueError, match="another layout.*train the head again"):
+    with pytest.raises(ModelLoadError, match="another layout.*train the head again"):
         FactoredToolHead.load(tmp_path / "old.pt")

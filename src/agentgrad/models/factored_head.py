@@ -27,6 +27,7 @@ from torch import nn
 
 from agentgrad.algos.constrained import factored_tool_logprobs
 from agentgrad.algos.sampling import sample_rows
+from agentgrad.models.hf import ModelLoadError
 
 # The head's layout, saved in tool_head.pt: a file written by another layout is refused with a clear error.
 LAYOUT = "context-attention-v1"
@@ -125,8 +126,8 @@ class FactoredToolHead(nn.Module):
         blob = torch.load(path, weights_only=True)
         if blob.get("layout") != LAYOUT:
             found = blob.get("layout", "linear, before 2026-12-06")
-            raise ValueError(f"{path} holds a tool head of another layout ({found!r}, this version reads {LAYOUT!r}):"
-                             " train the head again (BC with rollout.action_head=factored)")
+            raise ModelLoadError(f"{path} holds a tool head of another layout ({found!r}, this version reads "
+                                 f"{LAYOUT!r}): train the head again (BC with rollout.action_head=factored)")
         head = cls(blob["hidden_size"], [tuple(t) for t in blob["tools"]], **blob["sizes"])
         head.load_state_dict(blob["state"])
         return head
