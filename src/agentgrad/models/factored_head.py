@@ -92,6 +92,7 @@ class FactoredToolHead(nn.Module):
             logp = torch.log_softmax(logp / temperature, -1)
         return logp
 
+    @torch.no_grad()
     def decide(self, states: torch.Tensor, legal: frozenset[str], *, temperature: float,
                uniform: float) -> tuple[str, float]:
         """One decision for the agent loop: states (L, H) of the context, the last one the call position ->

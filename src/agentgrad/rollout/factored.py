@@ -122,9 +122,8 @@ class HeadCalls:
         turn.logprobs += gen.logprobs
         position = len(context) + len(turn.ids)
         u = float(counter_uniform(self.seed, torch.tensor([row]), torch.tensor([position]))[0])
-        with torch.no_grad():
-            states = self.context_states(list(context) + turn.ids)  # (position, H)
-            name, logprob = self.head.decide(states, turn.legal, temperature=self.temperature, uniform=u)
+        states = self.context_states(list(context) + turn.ids)  # (position, H)
+        name, logprob = self.head.decide(states, turn.legal, temperature=self.temperature, uniform=u)
         ids = self.name_ids(name)
         if len(turn.ids) + len(ids) >= turn.budget:
             return None
