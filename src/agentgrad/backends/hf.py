@@ -14,14 +14,12 @@ import torch.nn.functional as F
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.hf_engine import HFSession, SlotCache
 from agentgrad.backends.precision import FP32, ComputeDtype
-from agentgrad.backends.scoring import score_logits, token_logprobs, token_logprobs_and_hidden, with_head_decisions
+from agentgrad.backends.scoring import token_logprobs, token_logprobs_and_hidden, with_head_decisions
 from agentgrad.backends.shared_prefix import (
     LeanForward,
+    PrefixPlan,
     plan_shared_prefixes,
-    shared_prefix_hidden,
-    shared_prefix_logits,
-    shared_prefix_logprobs,
-    table_logprobs,
+    shared_prefix_scores,
 )
 from agentgrad.batch import TokenBatch
 from agentgrad.models.hf import hidden_states, model_parts
@@ -190,13 +188,7 @@ class TorchLearner:
             return self._logprobs_with_head(batch, temperature)
         plan = plan_shared_prefixes(batch) if self.lean is not None else None
         if plan is not None:
-            buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
-            if batch.logit_masks is None:  # skips expanding the logits to (B, T, V) and normalising duplicates
-                lp = shared_prefix_logprobs(self.lean, batch, plan, buckets, temperature)  # (B, T)
-            else:
-                logits = shared_prefix_logits(self.lean, batch, plan, buckets)  # (B, T, V)
-                lp = score_logits(logits, batch.input_ids, temperature, batch.logit_masks)  # (B, T)
-            return lp.masked_fill(batch.attention_mask == 0, 0.0)
+            return self._shared_prefix_scores(batch, plan, temperature)[0]  # (B, T)
         lengths = batch.attention_mask.sum(1)  # (B,)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # (B, T)
         for rows in length_buckets(lengths, self.max_buckets):
@@ -231,14 +223,13 @@ class TorchLearner:
         if plan is None:
             return token_logprobs_and_hidden(self.model, batch.input_ids, batch.attention_mask, temperature,
                                              batch.logit_masks)
+        lp, hidden, where = self._shared_prefix_scores(batch, plan, temperature)
+        return lp, hidden[where]  # (B, T), (B, T, H)
+
+    def _shared_prefix_scores(self, batch: TokenBatch, plan: PrefixPlan, temperature: float
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
-        hidden, where = shared_prefix_hidden(self.lean, batch, plan, buckets)  # (N, H), (B, T)
-        table = self.lean.logits(hidden)  # (N, V)
-        if batch.logit_masks is None:
-            lp = table_logprobs(table, where, batch.input_ids, temperature)  # (B, T)
-        else:
-            lp = score_logits(table[where], batch.input_ids, temperature, batch.logit_masks)  # (B, T)
-        return lp.masked_fill(batch.attention_mask == 0, 0.0), hidden[where]
+        return shared_prefix_scores(self.lean, batch, plan, buckets, temperature)  # (B, T), (N, H), (B, T)
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
         if loss is not None:

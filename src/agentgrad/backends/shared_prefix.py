@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from agentgrad.backends.lean import LayerWeights, LeanStack, has_lora_dropout, layer_weights
 from agentgrad.backends.lean import supports as lean_supports
-from agentgrad.backends.scoring import tempered
+from agentgrad.backends.scoring import score_logits, tempered
 from agentgrad.batch import TokenBatch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (N, kv_heads, L, head_dim), after RoPE
@@ -143,28 +143,29 @@ def _causal_mask(past_len: torch.Tensor, q: int, past_width: int) -> torch.Tenso
     return (own[None] | past)[:, None]  # (N, 1, q, L)
 
 
-def shared_prefix_logits(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
-                         buckets: list[torch.Tensor]) -> torch.Tensor:
-    """Logits (B, T, V) of every row, each position exactly as a plain forward computes it: positions before a
-    row's prefix length from its group's prefix run, the rest from its own continuation run. `buckets` splits
-    the rows (continuations of similar length run together)."""
-    table, where = shared_prefix_table(forward, batch, plan, buckets)
-    return table[where]  # (B, T, V)
-
-
-def shared_prefix_logprobs(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan, buckets: list[torch.Tensor],
-                           temperature: float = 1.0) -> torch.Tensor:
-    """`score_logits(shared_prefix_logits(...))` without logit masks, without expanding the logits to (B, T, V):
-    each distinct logit row (a group's prompt positions are shared by its rows) is normalised once, and only
-    the target token's log-probability is gathered per position. (B, T), position 0 gets 0; equal to
-    `score_logits`' to float rounding (it subtracts a logsumexp, this takes log_softmax as the sampler does)."""
-    table, where = shared_prefix_table(forward, batch, plan, buckets)  # (N, V), (B, T)
-    return table_logprobs(table, where, batch.input_ids, temperature)
+def shared_prefix_scores(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan, buckets: list[torch.Tensor],
+                         temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token logprobs (B, T) of every row, each position exactly as a plain forward scores it (positions
+    before a row's prefix length from its group's prefix run, the rest from its own continuation run; padding
+    0), and the distinct final hidden states (N, H) with each position's row in them (B, T), for a head that
+    reads them. `buckets` splits the rows (continuations of similar length run together)."""
+    hidden, where = shared_prefix_hidden(forward, batch, plan, buckets)  # (N, H), (B, T)
+    # one head matmul over every run's rows: concatenating H-wide hidden states, not V-wide logits
+    table = forward.logits(hidden)  # (N, V)
+    if batch.logit_masks is None:  # skips expanding the logits to (B, T, V) and normalising duplicates
+        lp = table_logprobs(table, where, batch.input_ids, temperature)
+    else:
+        lp = score_logits(table[where], batch.input_ids, temperature, batch.logit_masks)
+    return lp.masked_fill(batch.attention_mask == 0, 0.0), hidden, where
 
 
 def table_logprobs(table: torch.Tensor, where: torch.Tensor, input_ids: torch.Tensor,
                    temperature: float = 1.0) -> torch.Tensor:
-    """Per-token logprobs (B, T) from the distinct logit rows (N, V) and each position's row in them (B, T)."""
+    """Per-token logprobs (B, T) from the distinct logit rows (N, V) and each position's row in them (B, T),
+    without expanding the logits to (B, T, V): each distinct row (a group's prompt positions are shared by its
+    rows) is normalised once, and only the target token's log-probability is gathered per position. Position 0
+    gets 0; equal to `score_logits`' to float rounding (it subtracts a logsumexp, this takes log_softmax as the
+    sampler does)."""
     # log_softmax, as the sampler normalises (algos.sampling): one fused kernel each way, ~2.5x cheaper than a
     # logsumexp and a subtraction here
     table = F.log_softmax(tempered(table, temperature), dim=-1)  # (N, V)
@@ -175,15 +176,6 @@ def table_logprobs(table: torch.Tensor, where: torch.Tensor, input_ids: torch.Te
 def _rows_of(pick: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Rows of x (P, ...) chosen by the one-hot pick (b, P): (b, ...)."""
     return (pick @ x.reshape(len(x), -1)).view(len(pick), *x.shape[1:])
-
-
-def shared_prefix_table(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
-                        buckets: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct logit rows (N, V) the prefix and continuation runs produce, and for every position of every
-    row the index of its logits in that table (B, T)."""
-    hidden, where = shared_prefix_hidden(forward, batch, plan, buckets)
-    # one head matmul over every run's rows: concatenating H-wide hidden states, not V-wide logits
-    return forward.logits(hidden), where  # (N, V), (B, T)
 
 
 def shared_prefix_hidden(forward: LeanForward, batch: TokenBatch, plan: PrefixPlan,
