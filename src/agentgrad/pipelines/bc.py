@@ -87,7 +87,7 @@ def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBat
     shared = one_group(batch) if c.config.bc.shared_prefix else batch
     logprobs, hidden = c.learner.logprobs_and_hidden(shared)  # (B, T), (B, T, H)
     head_loss = (c.tool_head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.tool)
-                 if len(decisions.row) else hidden.sum() * 0.0)
+                 if len(decisions.row) else logprobs.new_zeros(()))
     return sft_loss(logprobs, batch.loss_mask), head_loss
 
 
