@@ -158,3 +158,16 @@ def test_deepspeed_runs_may_checkpoint_and_keep_bc_best():
     # both were refused before DeepSpeedLearner had state_dict/load_state_dict and load_weights
     check_learner(build_config(overrides=["learner.backend=deepspeed", "learner.world_size=2",
                                           "run.checkpoint_every=1", "bc.keep_best=true"]))
+
+
+def test_a_rank_that_dies_of_a_native_fault_prints_its_python_stack():
+    # a one-process group under launcher variables, then SIGABRT as glibc's heap checks raise it: the rank's
+    # stderr names the signal and the Python frame it died in
+    script = ("import os\nfrom agentgrad.config import build_config\nfrom agentgrad.pipelines.launch import "
+              "init_processes\ninit_processes(build_config(overrides=['learner.backend=fsdp']))\n"
+              "def serving_a_command():\n    os.abort()\nserving_a_command()\n")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -6, proc.stderr[-2000:]
+    assert "Fatal Python error: Aborted" in proc.stderr and "serving_a_command" in proc.stderr, proc.stderr[-2000:]
