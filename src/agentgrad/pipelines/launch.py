@@ -6,6 +6,7 @@ group, rank 0 runs the pipeline and the others follow its learner (`backends/dis
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import socket
@@ -57,8 +58,10 @@ def init_processes(config: Config) -> int:
         return dist.get_rank()
     if launched():
         # a rank that dies of a native fault (SIGSEGV, SIGABRT from glibc's heap checks, ...) prints every
-        # thread's Python stack before the launcher tears the run down: without it the only trace is the signal
-        faulthandler.enable(file=sys.stderr, all_threads=True)
+        # thread's Python stack before the launcher tears the run down: without it the only trace is the signal.
+        # An embedding whose stderr has no file descriptor goes without (io.UnsupportedOperation is both).
+        with contextlib.suppress(ValueError, OSError):
+            faulthandler.enable(file=sys.stderr, all_threads=True)
     # one process, no launcher: a group of one on loopback, its variables set only while the group forms (child
     # processes, e.g. a later `agentgrad train` started from this one, must not look launched)
     alone = {} if launched() else {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
