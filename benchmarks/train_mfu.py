@@ -2,10 +2,12 @@
 
 The peer is the hardware: FLOP/s of a large fp32 matmul (torch.mm, n=1024) measured in the same run. Training
 is agentgrad's GRPO update (TorchLearner: forward, clipped loss, backward, AdamW) over a real rollout batch of
-128 arithmetic episodes, in minibatches of 64 as the default run does. Model FLOPs per trained token:
-6 * N (N = non-embedding parameters + the tied lm head, V * H) + 12 * layers * H * ctx (attention scores and
-values, forward and backward, ctx = mean attended length = half the sequence), counted on the tokens the
-forward really runs (a group's shared prompt once, `backends.shared_prefix`; padding is waste). "trained tok/s"
+128 arithmetic episodes, in minibatches of 64 as the default run does. Model FLOPs, counted on the tokens the
+forward really runs (a group's shared prompt once, `backends.shared_prefix`; padding is waste): 6 * N per token
+(N = non-embedding parameters + the tied lm head, V * H) plus 12 * layers * H per key a token attends (scores and
+values, forward and backward; causal: the token at position t attends t + 1 keys, masked keys not counted).
+Each run token's own keys are counted: the tokens a shared prefix skips are the early, short-context ones, so the
+plain forward's mean context (which this script used until 2026-12-06) undercounted by ~3%. "trained tok/s"
 counts every row's tokens, what the user gets. The default width (128) and a wider model (512) on the same tokens
 show how the fraction grows with the matmul sizes.
 
@@ -42,20 +44,24 @@ def matmul_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.float3
     return 2 * n**3 * reps / (time.process_time() - t0)
 
 
-def model_flops_per_token(model, batch) -> float:
+def model_flops(model, tokens: float, keys: float) -> float:
+    """FLOPs of a forward and backward over `tokens` tokens that attend `keys` keys in all."""
     cfg = model.config
     H, V, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     embed = model.get_input_embeddings().weight.numel()
     n = sum(p.numel() for p in model.parameters()) - embed + V * H  # the tied head still does a V x H matmul
-    lengths = batch.attention_mask.sum(1).double()
-    ctx = float((lengths * lengths / 2).sum() / lengths.sum())  # token-weighted mean attended length
-    return 6 * n + 12 * layers * H * ctx
+    return 6 * n * tokens + 12 * layers * H * keys
 
 
-def computed_tokens(learner, mb) -> tuple[int, int, int]:
-    """(trained tokens, tokens the forward really runs, the same with padding) of one minibatch. With a shared
-    prefix (`backends.shared_prefix`) a group's common prompt runs once, so it is counted once: the FLOP rate
-    is what the machine did, while trained tokens/s is what the user gets."""
+def _keys(first: torch.Tensor, end: torch.Tensor) -> int:
+    """Keys attended by the tokens at positions [first, end) of each row, causally: t + 1 for position t."""
+    return int((end * (end + 1) - first * (first + 1)).sum()) // 2
+
+
+def computed_tokens(learner, mb) -> tuple[int, int, int, int]:
+    """(trained tokens, tokens the forward really runs, the same with padding, keys those run tokens attend) of
+    one minibatch. With a shared prefix (`backends.shared_prefix`) a group's common prompt runs once, so it is
+    counted once: the FLOP rate is what the machine did, while trained tokens/s is what the user gets."""
     from agentgrad.backends.hf import length_buckets
     from agentgrad.backends.shared_prefix import plan_shared_prefixes
 
@@ -63,23 +69,26 @@ def computed_tokens(learner, mb) -> tuple[int, int, int]:
     plan = plan_shared_prefixes(mb) if learner.lean is not None else None
     if plan is None:
         padded = sum(len(rows) * int(lengths[rows].max()) for rows in length_buckets(lengths, learner.max_buckets))
-        return int(lengths.sum()), int(lengths.sum()), padded
-    tails = lengths - plan.prefix_len[plan.source]  # (b,)
+        return int(lengths.sum()), int(lengths.sum()), padded, _keys(torch.zeros_like(lengths), lengths)
+    start = plan.prefix_len[plan.source]  # (b,)
+    tails = lengths - start
     padded = int(plan.prefix_len.max()) * len(plan.prefix_len) + sum(
-        len(rows) * int(tails[rows].max()) for rows in length_buckets(tails, learner.max_buckets))
+        len(rows) * int(tails[rows].max()) for rows in learner.continuation_buckets(plan))
     ran = int(plan.prefix_len.sum() + tails.sum())
-    return int(lengths.sum()), ran, padded
+    keys = _keys(torch.zeros_like(plan.prefix_len), plan.prefix_len) + _keys(start, lengths)
+    return int(lengths.sum()), ran, padded, keys
 
 
-def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> tuple[float, float, float]:
-    """(trained tokens, run tokens, run tokens padding included) per CPU second of clipped-loss updates over the
-    batch."""
+def train_tokens_per_s(learner, batch, epochs: int = 2,
+                       minibatch: int = 64) -> tuple[float, float, float, float]:
+    """(trained tokens, run tokens, run tokens padding included, keys the run tokens attend) per CPU second of
+    clipped-loss updates over the batch."""
     from agentgrad.algos.losses import ppo_clip_loss
 
     starts = range(0, batch.num_sequences, minibatch)
     # counted before the clock starts: counting re-plans the prefixes, the benchmark's work, not the training's
     counts = [computed_tokens(learner, batch.select(slice(s, s + minibatch))) for s in starts]
-    trained, ran, padded = (epochs * sum(n) for n in zip(*counts))
+    trained, ran, padded, keys = (epochs * sum(n) for n in zip(*counts))
     t0 = time.process_time()
     for _ in range(epochs):
         for start in starts:
@@ -89,7 +98,7 @@ def train_tokens_per_s(learner, batch, epochs: int = 2, minibatch: int = 64) -> 
                                  clip_high=0.28, agg="token-mean").loss
             learner.step(loss)
     dt = time.process_time() - t0
-    return trained / dt, ran / dt, padded / dt
+    return trained / dt, ran / dt, padded / dt, keys / dt
 
 
 def main() -> None:
@@ -140,14 +149,13 @@ def main() -> None:
                                      num_kv_heads=4, intermediate_size=3 * width)
         learners = {name: TorchLearner(model, lr=1e-5, max_buckets=args.buckets, compute=compute)
                     for name, compute in computes.items()}
-        per_token = model_flops_per_token(model, batch)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         for threads in args.threads:
             set_threads(threads)
             for learner in learners.values():
                 train_tokens_per_s(learner, batch, epochs=1)  # warm-up
             bound = {name: [matmul_flops(dtype=dtypes[name])] for name in learners}
-            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in learners}
+            runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in learners}
             for _ in range(args.repeats):  # bound, training, bound, ...: each round between two bound samples
                 for name, learner in learners.items():
                     runs[name].append(train_tokens_per_s(learner, batch))
@@ -156,15 +164,22 @@ def main() -> None:
             round_bound = {name: [(a + b) / 2 for a, b in zip(xs, xs[1:])] for name, xs in bound.items()}
             for name, measured in runs.items():
                 peaks, fp32_peaks = round_bound[name], round_bound["fp32"]
-                flops = [real * per_token for _, real, _ in measured]
+                flops = [model_flops(model, real, keys) for _, real, _, keys in measured]
                 rows.append((str(width), f"{params:.2f}M", str(threads), name,
                              spread([p / 1e9 for p in peaks], "{:.1f}"),
-                             spread([t for t, _, _ in measured], "{:.0f}"),
-                             spread([r for _, r, _ in measured], "{:.0f}"),
-                             f"{statistics.median(r / p for _, r, p in measured):.0%}",
+                             spread([t for t, *_ in measured], "{:.0f}"),
+                             spread([r for _, r, *_ in measured], "{:.0f}"),
+                             f"{statistics.median(r / p for _, r, p, _ in measured):.0%}",
                              spread([f / 1e9 for f in flops], "{:.2f}"),
                              spread([f / p for f, p in zip(flops, fp32_peaks)]),
                              spread([f / p for f, p in zip(flops, peaks)])))
+    counts = [computed_tokens(learners["fp32"], batch.select(slice(s, s + 64)))
+              for s in range(0, batch.num_sequences, 64)]
+    ran, keys = sum(c[1] for c in counts), sum(c[3] for c in counts)
+    lengths = batch.attention_mask.sum(1)
+    plain = _keys(torch.zeros_like(lengths), lengths) / int(lengths.sum())
+    print(f"\nattention counted per run token: {keys / ran:.1f} keys on average (a plain forward's tokens: "
+          f"{plain:.1f})")
     print(f"\nGRPO update on {batch.num_sequences} episodes ({int(batch.attention_mask.sum())} real tokens, "
           f"{batch.attention_mask.numel()} padded to one width), minibatch 64, length buckets <= {args.buckets}; "
           f"per CPU second, median (min-max) of {args.repeats} alternated rounds")

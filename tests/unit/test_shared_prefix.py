@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from agentgrad.backends.hf import TorchLearner, length_buckets
+from agentgrad.backends.hf import TorchLearner
 from agentgrad.backends.scoring import token_logprobs
 from agentgrad.backends.shared_prefix import plan_shared_prefixes
 from agentgrad.batch import collate
@@ -93,7 +93,7 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_plain_forward(kind, temp
     learner = TorchLearner(model, lr=0.0, max_buckets=2)
     plan = plan_shared_prefixes(batch)
     assert learner.lean is not None and plan is not None
-    assert len(length_buckets(plan.lengths - plan.prefix_len[plan.source], 2)) == 2  # continuations in 2 runs
+    assert len(learner.continuation_buckets(plan)) == 2  # continuations in 2 runs
     real = batch.attention_mask.bool()
 
     shared = learner.logprobs(batch, temperature=temperature)  # (B, T)
@@ -197,3 +197,19 @@ def test_the_packed_forward_runs_only_real_positions_and_matches_the_padded_one(
     assert packed.shape == (12, VOCAB) and kv[0][0].shape == (3, 2, 6, 8)
     assert torch.allclose(packed, padded.view(3, 6, VOCAB)[real], atol=1e-5, rtol=0)
     assert torch.equal(packed, repacked)  # what sits in the padding never reaches a real position
+
+
+def test_a_long_continuation_runs_alone_rather_than_padding_its_group_mates_to_its_length():
+    # one group of 8 rows: 7 continuations of 2 tokens and one of 40. The continuation runs pad only the
+    # attention (every per-token op runs on real tokens), so the long row runs alone: 7 x 2 + 40 slots plus one
+    # more run's cost, against 8 x 40 in one run (the plain forward's 8-row minimum would force that)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(1, VOCAB, (6,), generator=g).tolist()
+    trajs = [_traj(prompt + torch.randint(1, VOCAB, (n,), generator=g).tolist(), 6) for n in [2] * 7 + [40]]
+    batch = collate(trajs, pad_token_id=0, group_index=[0] * 8)
+    learner = TorchLearner(_model("qwen2"), lr=0.0)
+    plan = plan_shared_prefixes(batch)
+    assert sorted(len(rows) for rows in learner.continuation_buckets(plan)) == [1, 7]
+    plain = token_logprobs(learner.model, batch.input_ids, batch.attention_mask)
+    real = batch.attention_mask.bool()
+    assert torch.allclose(learner.logprobs(batch)[real], plain[real], atol=1e-5, rtol=0)

@@ -105,7 +105,12 @@ class HFPolicy:
 # layer). Rough on purpose: 0, 64 and 256 gave the same update speed within noise (docs/benchmarks.md, "What
 # changed for these numbers"); it only keeps near-equal lengths from being split into separate forwards.
 FORWARD_OVERHEAD_TOKENS = 64
+# A plain forward runs padded rows through transformers' modules, whose per-call cost (~11 ms at the tiny width)
+# makes runs of few rows dear. The shared-prefix path runs every per-token op on real tokens only, so a run's row
+# count shapes only its attention: there a long continuation may run alone rather than pad 7 short ones to its
+# length (benchmark c's batch: 8 rows at 152 queries for 438 real tokens; its update ~1.05x faster, docs/benchmarks.md).
 MIN_BUCKET_ROWS = 8
+MIN_PREFIX_BUCKET_ROWS = 1
 
 
 def length_buckets(lengths: torch.Tensor, max_buckets: int, *, min_rows: int = MIN_BUCKET_ROWS,
@@ -226,9 +231,14 @@ class TorchLearner:
         lp, hidden, where = self._shared_prefix_scores(batch, plan, temperature)
         return lp, hidden[where]  # (B, T), (B, T, H)
 
+    def continuation_buckets(self, plan: PrefixPlan) -> list[torch.Tensor]:
+        """The runs of rows whose continuations (past their group's shared prefix) run together."""
+        return length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets,
+                              min_rows=MIN_PREFIX_BUCKET_ROWS)
+
     def _shared_prefix_scores(self, batch: TokenBatch, plan: PrefixPlan, temperature: float
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        buckets = length_buckets(plan.lengths - plan.prefix_len[plan.source], self.max_buckets)
+        buckets = self.continuation_buckets(plan)
         return shared_prefix_scores(self.lean, batch, plan, buckets, temperature)  # (B, T), (N, H), (B, T)
 
     def step(self, loss: torch.Tensor | None = None) -> dict[str, float]:
