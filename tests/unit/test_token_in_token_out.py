@@ -75,3 +75,32 @@ def test_limits_stop_reasons(arithmetic_suite, codec):
     invalid = expert_trajectory(env, task, [bad, bad, FinalAnswer("1")], codec,
                                 EpisodeLimits(max_invalid_calls=2, repeated_call_limit=0))
     assert invalid.stop_reason is StopReason.INVALID_CALLS and invalid.num_invalid_calls == 2
+
+
+def test_remembered_prompt_ids_are_the_rendered_ones_per_prompt_and_tools(arithmetic_suite, codec, monkeypatch):
+    """prompt_ids remembers the ids of recent prompts: a repeat gives the rendered ids again as a fresh list, other
+    tools or another question get their own, and only the last PROMPT_CACHE prompts are kept."""
+    import agentgrad.rollout.chat as chat
+
+    task = arithmetic_suite.sample_tasks(1, split="train", seed=0)[0]
+    tools = arithmetic_suite.make_env().reset(options={"task": task})[1]["tools"]
+    chat_ = [Message("system", "s"), Message("user", "What is 6 * 7?")]
+
+    def rendered(messages, tools=None):
+        return codec.encode(codec.render(messages, tools, add_generation_prompt=True))
+
+    first = codec.prompt_ids(chat_, tools)
+    first.append(-1)
+    assert codec.prompt_ids(chat_, tools) == rendered(chat_, tools) == first[:-1]
+    assert codec.prompt_ids(chat_) == rendered(chat_) != rendered(chat_, tools)
+    other = [Message("system", "s"), Message("user", "What is 6 * 8?")]
+    assert codec.prompt_ids(other, tools) == rendered(other, tools)
+    renders = []
+    monkeypatch.setattr(codec, "render", lambda *a, **k: renders.append(a) or "")
+    codec.prompt_ids(other, tools)  # a group's next sample: no render
+    assert renders == []
+    monkeypatch.undo()
+    monkeypatch.setattr(chat, "PROMPT_CACHE", 2)
+    for n in range(3):
+        codec.prompt_ids([Message("user", f"q{n}")])
+    assert len(codec._prompts) == 2 and (((("user", "q0"),), "null")) not in codec._prompts

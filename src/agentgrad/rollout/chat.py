@@ -13,6 +13,8 @@ incremental variant of it (models/templates/qwen3_incremental.jinja, docs/chat-t
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +121,9 @@ class ChatCodec:
         # observation_ids is a pure function of the tool messages' (role, content): a GRPO group's samples mostly
         # see the same observations, and rendering plus encoding was ~10% of a rollout's CPU time (profiled)
         self._observations: dict[tuple[tuple[str, str], ...], tuple[int, ...]] = {}
+        # prompt_ids likewise, for a GRPO group's samples of one task (the 8 renders of one prompt were ~6% of a
+        # 64-episode rollout's CPU, profiled); recent prompts only, as tasks change every step
+        self._prompts: OrderedDict[tuple[tuple[tuple[str, str], ...], str], tuple[int, ...]] = OrderedDict()
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None, *,
                add_generation_prompt: bool = False) -> str:
@@ -143,7 +148,19 @@ class ChatCodec:
         return Message("assistant", self.tool_format.content(text, actions), tool_calls=calls)
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        """Ids of a chat's prompt up to the generation prompt (the last PROMPT_CACHE distinct ones remembered)."""
+        if any(m.tool_calls for m in messages):
+            return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        key = (tuple((m.role, m.content) for m in messages), json.dumps(tools, sort_keys=True, default=str))
+        ids = self._prompts.get(key)
+        if ids is None:
+            ids = tuple(self.encode(self.render(messages, tools, add_generation_prompt=True)))
+            self._prompts[key] = ids
+            while len(self._prompts) > PROMPT_CACHE:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(key)
+        return list(ids)
 
     def check(self) -> list[PrefixBreak]:
         """`check_incremental` with this codec's template and kwargs."""
@@ -194,6 +211,9 @@ class ChatCodec:
 
 OBSERVATION_CACHE = 4096
 """Distinct observations a codec remembers the ids of (a bound on memory for runs with unbounded tool outputs)."""
+
+PROMPT_CACHE = 1024
+"""Most recent distinct prompts a codec remembers the ids of."""
 
 INCREMENTAL_HINT = ("Token-in/token-out training needs a template whose earlier text never changes as the chat "
                     "grows. For Qwen3 set model.chat_template=qwen3 (agentgrad's incremental variant); otherwise "
