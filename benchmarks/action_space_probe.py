@@ -7,7 +7,8 @@ expert demos' call decisions are encoded once; each probe is then fitted on the 
 - call-state MLP:    a 256-wide hidden layer on the same state;
 - context head:      `models.factored_head.FactoredToolHead`, which also attends over the context's states;
 and, for reference, the LM itself writing the name greedily under the tool-name mask (as constrained decoding
-does at temperature 0), on the same held-out decisions.
+does at temperature 0), on the same held-out decisions. "Right category": the category of the tool named is the
+expert's (what `rollout.action_head=category` asks of the head).
 
     PYTHONPATH=src nice -n 19 python benchmarks/action_space_probe.py --model-path RUN/checkpoints/bc [--seed 0]
 """
@@ -56,11 +57,12 @@ def encode(c, demos, chunk: int = 50):
 
 
 @torch.no_grad()
-def lm_names(c, demos) -> float:
+def lm_names(c, demos) -> tuple[float, float]:
     """Right tool when the LM writes the name: greedy over the tokens that continue a legal name (or, once a
     legal name is complete, the token the demo closes it with), one token at a time."""
     model = c.loaded.model.eval()
-    right = total = 0
+    right = right_category = total = 0
+    category = c.tool_head.category_of
     for demo in demos:
         for d in demo.head_decisions:
             names = {n: c.codec.encode(n) for n in d.legal}
@@ -74,27 +76,31 @@ def lm_names(c, demos) -> float:
                 if pick == close and written in names.values():
                     break
                 written.append(pick)
-            right += written == names[d.tool]
+            named = next(n for n, v in names.items() if v == written)
+            right += named == d.choice
+            right_category += category[named] == category[d.choice]
             total += 1
-    return right / total
+    return right / total, right_category / total
 
 
-def fit(probe: nn.Module, train, test, epochs: int, lr: float, seed: int) -> dict[str, float]:
+def fit(probe: nn.Module, train, test, epochs: int, lr: float, seed: int, tool_category: torch.Tensor
+        ) -> dict[str, float]:
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(probe.parameters(), lr=lr, weight_decay=1e-2)
     for _ in range(epochs):
         for k in torch.randperm(len(train)).tolist():
             states, d = train[k]
-            loss = -probe(states, d.row, d.position, d.legal).gather(-1, d.tool[:, None]).mean()
+            loss = -probe(states, d.row, d.position, d.legal).gather(-1, d.choice[:, None]).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
     with torch.no_grad():
-        logp = [(probe(s, d.row, d.position, d.legal), d.tool) for s, d in test]
+        logp = [(probe(s, d.row, d.position, d.legal), d.choice) for s, d in test]
     right = sum(int((lp.argmax(-1) == t).sum()) for lp, t in logp)
+    right_category = sum(int((tool_category[lp.argmax(-1)] == tool_category[t]).sum()) for lp, t in logp)
     n = sum(len(t) for _, t in logp)
     nll = -sum(float(lp.gather(-1, t[:, None]).sum()) for lp, t in logp) / n
-    return {"right_tool": right / n, "nll": nll, "decisions": n}
+    return {"right_tool": right / n, "right_category": right_category / n, "nll": nll, "decisions": n}
 
 
 def main() -> None:
@@ -122,14 +128,15 @@ def main() -> None:
                                                    for n, k in zip(tools, c.tool_head.tool_category)])}
     print(f"api-catalog, {args.model_path}, seed {args.seed}: {len(tools)} tools, probes fitted on the decisions of "
           f"{args.train_demos} demos ({args.epochs} epochs), scored on {args.test_demos} others'")
-    print("| probe | right tool | NLL | decisions | fit s |\n|---|---|---|---|---|")
+    print("| probe | right tool | right category | NLL | decisions | fit s |\n|---|---|---|---|---|---|")
     for name, probe in probes.items():
         t0 = time.perf_counter()
-        r = fit(probe, train, test, args.epochs, args.lr, args.seed)
-        print(f"| {name} | {r['right_tool']:.1%} | {r['nll']:.3f} | {r['decisions']} | "
+        r = fit(probe, train, test, args.epochs, args.lr, args.seed, c.tool_head.tool_category)
+        print(f"| {name} | {r['right_tool']:.1%} | {r['right_category']:.1%} | {r['nll']:.3f} | {r['decisions']} | "
               f"{time.perf_counter() - t0:.0f} |", flush=True)
     t0 = time.perf_counter()
-    print(f"| the LM writes the name (greedy, name mask) | {lm_names(c, demos[args.train_demos:]):.1%} | - | - | "
+    tool, category = lm_names(c, demos[args.train_demos:])
+    print(f"| the LM writes the name (greedy, name mask) | {tool:.1%} | {category:.1%} | - | - | "
           f"{time.perf_counter() - t0:.0f} |")
 
 

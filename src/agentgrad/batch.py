@@ -47,9 +47,9 @@ class HeadBatch:
 
     row: torch.Tensor  # (D,) long: which trajectory
     position: torch.Tensor  # (D,) long: the token whose hidden state the head read
-    tool: torch.Tensor  # (D,) long: the chosen tool, an index into the head's tool names
-    legal: torch.Tensor  # (D, N) bool: the tools legal at that decision
-    old_logprob: torch.Tensor  # (D,) float: the behaviour policy's log p(category) + log p(tool | category)
+    choice: torch.Tensor  # (D,) long: an index into the head's choices (tools, or categories)
+    legal: torch.Tensor  # (D, K) bool: the choices legal at that decision
+    old_logprob: torch.Tensor  # (D,) float: the behaviour policy's log p of the choice
 
     @property
     def score_position(self) -> torch.Tensor:
@@ -64,27 +64,28 @@ class HeadBatch:
         new_row = torch.full((num_rows,), -1, dtype=torch.long, device=device)
         new_row[picked] = torch.arange(len(picked), device=device)
         keep = new_row[self.row] >= 0  # (D,)
-        return HeadBatch(new_row[self.row][keep], self.position[keep], self.tool[keep], self.legal[keep],
+        return HeadBatch(new_row[self.row][keep], self.position[keep], self.choice[keep], self.legal[keep],
                          self.old_logprob[keep])
 
     def to(self, device: torch.device | str) -> HeadBatch:
         return HeadBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
-def collate_head(trajs: Sequence[Trajectory], tool_names: Sequence[str]) -> HeadBatch:
-    """Head decisions as tensors over the head's tool list (which the trajectories, being plain data, do not
-    know). A decision naming a tool the head lacks is an error: the head could never have made it."""
-    index = {n: i for i, n in enumerate(tool_names)}
+def collate_head(trajs: Sequence[Trajectory], choices: Sequence[str]) -> HeadBatch:
+    """Head decisions as tensors over the head's choices (tool names or categories; the trajectories, being plain
+    data, do not know them). A decision naming a choice the head lacks is an error: the head could never have
+    made it."""
+    index = {n: i for i, n in enumerate(choices)}
     rows = [(b, d) for b, t in enumerate(trajs) for d in t.head_decisions]
-    unknown = {d.tool for _, d in rows} - index.keys()
+    unknown = {d.choice for _, d in rows} - index.keys()
     if unknown:
-        raise ValueError(f"head decisions name tools the head does not have: {sorted(unknown)[:5]}")
-    legal = torch.zeros((len(rows), len(tool_names)), dtype=torch.bool)  # (D, N)
+        raise ValueError(f"head decisions name choices the head does not have: {sorted(unknown)[:5]}")
+    legal = torch.zeros((len(rows), len(choices)), dtype=torch.bool)  # (D, K)
     for k, (_, d) in enumerate(rows):
         legal[k, [index[n] for n in d.legal if n in index]] = True
     return HeadBatch(row=torch.tensor([b for b, _ in rows], dtype=torch.long),
                      position=torch.tensor([d.position for _, d in rows], dtype=torch.long),
-                     tool=torch.tensor([index[d.tool] for _, d in rows], dtype=torch.long), legal=legal,
+                     choice=torch.tensor([index[d.choice] for _, d in rows], dtype=torch.long), legal=legal,
                      old_logprob=torch.tensor([d.logprob for _, d in rows], dtype=torch.float32))
 
 
@@ -154,12 +155,12 @@ def collate(
     pad_token_id: int,
     group_index: Sequence[int] | None = None,
     max_length: int | None = None,
-    head_tools: Sequence[str] | None = None,
+    head_choices: Sequence[str] | None = None,
 ) -> TokenBatch:
     """Pad a list of trajectories into a TokenBatch. Plain `Trajectory`s (e.g. expert demos) get zero rewards.
 
     Masked samples (`reward.masked`) keep their tokens but get an all-zero loss_mask, so they cost no
-    gradient and are still visible to metrics. With `head_tools` (a factored head's tool list, for RL), each
+    gradient and are still visible to metrics. With `head_choices` (a factored head's choices, for RL), each
     head decision becomes one more action at its `score_position`: loss_mask 1 there (unless the sample is
     masked), old_logprobs the decision's, and `TokenBatch.head` tells the learner to score it with the head.
     """
@@ -190,8 +191,8 @@ def collate(
     if groups.shape[0] != B:
         raise ValueError(f"group_index has {groups.shape[0]} entries for {B} samples")
     head = None
-    if head_tools is not None and any(t.head_decisions for t in trajs):
-        head = collate_head(trajs, head_tools)
+    if head_choices is not None and any(t.head_decisions for t in trajs):
+        head = collate_head(trajs, head_choices)
         at = (head.row, head.score_position)
         old_logprobs[at] = head.old_logprob
         loss_mask[at] = attention_mask[at].float() * loss_mask[head.row].amax(dim=1)  # 0 on masked samples

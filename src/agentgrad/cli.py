@@ -183,11 +183,11 @@ def eval_cmd(
         suite = make_suite(config)
     except (ImportRefError, UnknownNameError, McpError) as exc:  # e.g. a user's suite module not importable here
         _fail(str(exc))
-    if config.rollout.action_head == "factored" and not (ckpt / "tool_head.pt").exists():
-        _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head=factored needs")
+    if config.rollout.action_head != "tokens" and not (ckpt / "tool_head.pt").exists():
+        _fail(f"{ckpt} has no tool_head.pt, which rollout.action_head={config.rollout.action_head} needs")
     try:
         policy.tool_head = make_tool_head(config, suite, loaded, ckpt)
-    except ModelLoadError as exc:  # a tool_head.pt of another layout
+    except ModelLoadError as exc:  # a tool_head.pt of another layout, or deciding another thing
         _fail(str(exc))
     n = num_tasks or config.eval.num_tasks
     try:

@@ -168,13 +168,13 @@ class RolloutConfig(Section):
                                   "rounding of a sampling boundary can flip a token when tool timing changes.")
     tool_workers: int = Field(0, ge=0, description="Threads running tool calls concurrently (0: one per episode "
                                                    "in flight).")
-    action_head: Literal["tokens", "factored"] = Field("tokens", description="How a call's tool name is chosen. "
-                                                       "tokens: the LM writes it (constrained by tool_name_mask); "
-                                                       "factored: a head reading the LM's hidden states of the "
-                                                       "context picks category then tool over the legal set, the "
-                                                       "name is written in, arguments stay text (rollout/factored.py). "
-                                                       "Trained by BC (bc.head_loss_coef) and RL (each decision is "
-                                                       "one more action).")
+    action_head: Literal["tokens", "factored", "category"] = Field(
+        "tokens", description="How a call's tool name is chosen. tokens: the LM writes it (constrained by "
+        "tool_name_mask); factored: a head reading the LM's hidden states of the context picks category then tool "
+        "over the legal set, the name is written in, arguments stay text; category: the head picks the category, "
+        "the start its legal tools' names share is written in, and the LM writes the rest of the name (masked to "
+        "that category) and the arguments (rollout/factored.py, docs/action-space.md). Trained by BC "
+        "(bc.head_loss_coef) and RL (each decision is one more action).")
     backend: Literal["local", "ray", "vllm"] = Field("local", description="Where RL rollouts run. local: this "
                                                      "process; ray: `workers` Ray actors, each with a policy replica "
                                                      "and its own envs, weights broadcast after each update (pip "
@@ -233,16 +233,17 @@ class BCConfig(Section):
     shared_prefix: bool = Field(True, description="Run the prefix all demos of a BC batch share (system prompt "
                                 "and tool list) once per batch, not once per demo: the same loss, fewer tokens.")
     head_loss_coef: float = Field(1.0, ge=0, description="Weight of the factored head's loss (mean NLL of the "
-                                  "expert's tool per call) added to the token loss; rollout.action_head=factored only.")
+                                  "expert's choice per call) added to the token loss; rollout.action_head=factored "
+                                  "or category only.")
     head_grad: Literal["attached", "detached"] = Field("detached", description="Whether the factored head's "
                                                        "losses (BC's NLL, and RL's policy gradient) reach the LM: "
                                                        "detached (the head is a probe on the LM's hidden states) or "
                                                        "attached (its gradient also trains the LM; measured to "
                                                        "damage it, docs/action-space.md).")
-    lm_learns_names: bool = Field(True, description="Under rollout.action_head=factored, keep each expert call's "
-                                  "name tokens in the LM's BC loss: the LM learns to write the names, which trains "
-                                  "the hidden state the head reads; at rollout the head still chooses them. False: "
-                                  "the names leave the LM's loss (loss_mask 0).")
+    lm_learns_names: bool = Field(True, description="Under rollout.action_head=factored or category, keep the "
+                                  "tokens a head writes of each expert call's name in the LM's BC loss: the LM "
+                                  "learns to write the names, which trains the hidden state the head reads; at "
+                                  "rollout the head still chooses. False: they leave the LM's loss (loss_mask 0).")
 
 
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "adaptive", "rest", "dpo", "mcts", "bc")

@@ -126,17 +126,19 @@ class TokenMask:
 
 @dataclass(frozen=True)
 class HeadDecision:
-    """A tool name chosen by a factored action head (`models/factored_head.py`) instead of sampled as tokens.
+    """A choice made by a factored action head (`models/factored_head.py`) instead of sampled as tokens: a tool
+    (`rollout.action_head=factored`) or a category (`category`, whose tool the LM then writes).
 
-    `position` is the token whose hidden state the head read (the last token of the call header); the name's
-    tokens follow it at `position + 1 .. end - 1`, written in as context (loss_mask 0, logprob 0.0), so the LM's
-    token loss never sees them. `logprob` is the behaviour policy's log p(category) + log p(tool | category)
-    over `legal`, the tool names legal in that state, which the learner needs to rescore the same decision.
+    `position` is the token whose hidden state the head read (the last token of the call header); the tokens
+    the choice wrote in (the tool's name, or the start its category's legal names share) follow it at
+    `position + 1 .. end - 1`, as context (loss_mask 0, logprob 0.0), so the LM's token loss never sees them.
+    `logprob` is the behaviour policy's log p(category) + log p(tool | category), or log p(category), over
+    `legal`, the choices legal in that state, which the learner needs to rescore the same decision.
     """
 
     position: int
     end: int
-    tool: str
+    choice: str
     logprob: float
     legal: tuple[str, ...]
 
@@ -177,8 +179,8 @@ class Trajectory:
             )
         if any(not (0 < m.position < n) or not m.token_ids for m in self.token_masks):
             raise ValueError("token_masks must name a sampled position (0 < position < len) and at least one id")
-        if any(not (0 <= d.position < d.end <= n) or d.tool not in d.legal for d in self.head_decisions):
-            raise ValueError("head_decisions must span tokens of the trajectory and choose a legal tool")
+        if any(not (0 <= d.position < d.end <= n) or d.choice not in d.legal for d in self.head_decisions):
+            raise ValueError("head_decisions must span tokens of the trajectory and make a legal choice")
 
     @property
     def num_generated_tokens(self) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
+import pytest
 import torch
 
 from agentgrad.backends.base import SamplingParams
@@ -13,12 +15,14 @@ from agentgrad.batch import collate
 from agentgrad.data.store import from_json, to_json
 from agentgrad.envs.tasks.api_catalog import ApiCatalogSuite, catalog
 from agentgrad.models.factored_head import FactoredToolHead
+from agentgrad.rollout.factored import NameWriter
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings, expert_trajectory, run_episodes
 from agentgrad.rollout.parser import OPEN
 
 PUBLIC = frozenset(s.name for s in catalog() if not s.auth)
 LIMITS = EpisodeLimits(max_turns=1, max_new_tokens_per_turn=40, max_total_tokens=400)
 FACTORED = SamplerSettings(action_head="factored")
+CATEGORY = SamplerSettings(action_head="category")
 
 
 def _force_open(open_id):
@@ -50,15 +54,15 @@ def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny
                          sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force)
     decisions = [(t, d) for t in trajs for d in t.head_decisions]
     assert len(decisions) >= len(trajs)
-    assert {d.tool for _, d in decisions} <= PUBLIC
-    assert len({d.tool for _, d in decisions}) > 6  # the untrained head is near uniform over the legal tools
+    assert {d.choice for _, d in decisions} <= PUBLIC
+    assert len({d.choice for _, d in decisions}) > 6  # the untrained head is near uniform over the legal tools
     for t, d in decisions:
         assert set(d.legal) == PUBLIC
-        assert list(t.token_ids[d.position + 1:d.end]) == codec.encode(d.tool)
+        assert list(t.token_ids[d.position + 1:d.end]) == codec.encode(d.choice)
         assert set(t.loss_mask[d.position + 1:d.end]) == {0} and set(t.logprobs[d.position + 1:d.end]) == {0.0}
         assert t.loss_mask[d.position] == 1  # the header's last token was sampled by the LM
-        assert codec.decode(t.token_ids[:d.end]).endswith('{"name": "' + d.tool)
-        assert t.turns[0].text.find(f'"{d.tool}"') > 0  # the LM closed the name the head chose, as it was
+        assert codec.decode(t.token_ids[:d.end]).endswith('{"name": "' + d.choice)
+        assert t.turns[0].text.find(f'"{d.choice}"') > 0  # the LM closed the name the head chose, as it was
 
     body = loaded_tiny.model.model
     with torch.no_grad():
@@ -67,7 +71,7 @@ def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny
             f = head.features(states, torch.tensor([0]), torch.tensor([d.position]))[0]  # (W,)
             legal = head.legal_mask([frozenset(d.legal)])  # (1, N)
             cat_logits, tool_logits = head.category_head(f), head.tool_head(f)
-            k = head.tool_names.index(d.tool)
+            k = head.tool_names.index(d.choice)
             c = int(head.tool_category[k])
             legal_cats = sorted({int(head.tool_category[i]) for i in legal[0].nonzero().squeeze(-1).tolist()})
             log_p_cat = torch.log_softmax(cat_logits[legal_cats], -1)[legal_cats.index(c)]
@@ -77,7 +81,7 @@ def test_head_picks_only_legal_tools_and_its_logprob_is_recomputable(loaded_tiny
     assert all(from_json(to_json(t)) == t for t in trajs)
 
     # RL: the learner scores each decision as one more action (at the name's first token) with the head
-    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_tools=head.tool_names)
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_choices=head.choices)
     learner = TorchLearner(copy.deepcopy(loaded_tiny.model), lr=1e-2, tool_head=head)  # the fixture stays as is
     lp = learner.logprobs(batch, temperature=1.0)  # (B, T)
     at = (batch.head.row, batch.head.score_position)
@@ -109,7 +113,7 @@ def test_greedy_head_takes_the_argmax_and_seeded_rollouts_repeat(loaded_tiny, co
                 states = loaded_tiny.model.model(input_ids=torch.tensor([t.token_ids[:d.position + 1]])
                                                  ).last_hidden_state  # (1, L, H)
                 logp = head(states, torch.tensor([0]), torch.tensor([d.position]), head.legal_mask([PUBLIC]))[0]
-                assert head.tool_names[int(logp.argmax())] == d.tool
+                assert head.tool_names[int(logp.argmax())] == d.choice
 
 
 def test_expert_demos_mark_names_as_head_decisions(loaded_tiny, codec):
@@ -119,9 +123,11 @@ def test_expert_demos_mark_names_as_head_decisions(loaded_tiny, codec):
     task = suite.sample_tasks(1, split="train", seed=0)[0]
     limits = EpisodeLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000)
     plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
-    demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits, action_head="factored")
+    head = FactoredToolHead(loaded_tiny.model.config.hidden_size, [(s.name, s.category) for s in catalog()])
+    demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits,
+                             writer=NameWriter(head, codec))
     calls = [a.name for a in suite.expert_actions(task) if hasattr(a, "name")]
-    assert [d.tool for d in demo.head_decisions] == calls
+    assert [d.choice for d in demo.head_decisions] == calls
     assert demo.token_ids == plain.token_ids and not plain.head_decisions
     named = sum(d.end - d.position - 1 for d in demo.head_decisions)
     assert sum(plain.loss_mask) - sum(demo.loss_mask) == named > 0
@@ -172,6 +178,106 @@ def test_bc_trains_the_head_and_checkpoints_carry_it(tmp_path):
     assert_one_error_line(out, "another layout", "train the head again")
 
 
+def test_a_category_head_writes_its_categorys_shared_start_and_the_lm_names_the_tool(loaded_tiny, codec):
+    """rollout.action_head=category, real rollouts through the engine before login: each decision picks a legal
+    category and writes in the tokens its legal tools' names share (loss_mask 0); the LM writes the rest of the
+    name, sampled under the mask narrowed to that category; the recorded logprob is log p(category) recomputed
+    from the model's hidden states, and the learner scores it the same; expert demos mark the same spans."""
+    torch.manual_seed(0)
+    head = FactoredToolHead(loaded_tiny.model.config.hidden_size, [(s.name, s.category) for s in catalog()],
+                            decides="category")
+    policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id,
+                      tool_head=head)
+    suite = ApiCatalogSuite(kinds=["auth_single"], schemas="none")
+    force = _force_open(loaded_tiny.tokenizer.convert_tokens_to_ids(OPEN))
+    tasks = suite.sample_tasks(12, split="train", seed=0)
+    trajs = run_episodes(policy, codec, [suite.make_env() for _ in tasks], tasks, limits=LIMITS, sampler=CATEGORY,
+                         sampling=SamplingParams(temperature=1.0, seed=0), logits_processor=force)
+    writer = NameWriter(head, codec)
+    public = head.legal_choices(PUBLIC)
+    decisions = [(t, d) for t in trajs for d in t.head_decisions]
+    assert len(decisions) >= len(trajs) and len({d.choice for _, d in decisions}) > 3
+    named = 0
+    for t, d in decisions:
+        assert set(d.legal) == public and d.choice in public
+        names = sorted(n for n in PUBLIC if head.category_of[n] == d.choice)
+        written = list(t.token_ids[d.position + 1:d.end])
+        assert written == writer.common_ids(names) and written == codec.encode(names[0])[:len(written)]
+        assert set(t.loss_mask[d.position + 1:d.end]) == {0} and t.loss_mask[d.end] == 1  # the LM goes on
+        closed = re.match(r'([^"]*)"', codec.decode(t.token_ids[d.position + 1:]))
+        if closed:
+            assert closed.group(1) in names  # the LM completed a legal name of the chosen category
+            named += 1
+    assert named >= len(decisions) // 2
+
+    body = loaded_tiny.model.model
+    with torch.no_grad():
+        for t, d in decisions:
+            states = body(input_ids=torch.tensor([t.token_ids[:d.position + 1]])).last_hidden_state  # (1, L, H)
+            logits = head.category_head(head.features(states, torch.tensor([0]), torch.tensor([d.position]))[0])
+            legal = [head.categories.index(c) for c in d.legal]
+            expected = torch.log_softmax(logits[legal], -1)[legal.index(head.categories.index(d.choice))]
+            assert abs(expected.item() - d.logprob) < 1e-4
+    assert all(from_json(to_json(t)) == t for t in trajs)
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_choices=head.choices)
+    learner = TorchLearner(copy.deepcopy(loaded_tiny.model), lr=1e-2, tool_head=head)
+    lp = learner.logprobs(batch, temperature=1.0)  # (B, T)
+    at = (batch.head.row, batch.head.score_position)
+    torch.testing.assert_close(lp[at], batch.old_logprobs[at], atol=1e-4, rtol=0)
+    forced = torch.zeros_like(batch.loss_mask)
+    forced[torch.arange(len(trajs)), [t.prompt_length for t in trajs]] = 1  # the forced <tool_call> token
+    assert ((lp - batch.old_logprobs) * batch.loss_mask * (1 - forced)).abs().max() < 1e-4  # exact ratios
+
+    task = ApiCatalogSuite(kinds=["auth_single"], schemas="none").sample_tasks(1, split="train", seed=0)[0]
+    limits = EpisodeLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000)
+    plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
+    demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits, writer=writer)
+    calls = [a.name for a in suite.expert_actions(task) if hasattr(a, "name")]
+    assert [d.choice for d in demo.head_decisions] == [head.category_of[n] for n in calls]
+    assert demo.token_ids == plain.token_ids
+    assert sum(plain.loss_mask) - sum(demo.loss_mask) == sum(d.end - d.position - 1 for d in demo.head_decisions)
+
+
+def test_a_category_head_needs_names_that_share_a_start_per_category():
+    head = FactoredToolHead(8, [("lookup", "x"), ("fetch", "x")], decides="category")
+
+    class Codec:
+        def encode(self, text):
+            return [ord(ch) + 1000 for ch in text]  # whole words as one token each: nothing shared
+
+    with pytest.raises(ValueError, match="share no whole token.*rollout.action_head=factored"):
+        NameWriter(head, Codec())
+    assert NameWriter(FactoredToolHead(8, [("lookup", "x"), ("fetch", "x")]), Codec())  # deciding tools: fine
+
+
+def test_a_category_run_trains_its_head_and_another_mode_refuses_its_checkpoint(tmp_path):
+    """`agentgrad train env=api-catalog rollout.action_head=category`: BC moves the category head, its checkpoint
+    says what it decides, and a factored run built from that checkpoint fails with a clear error."""
+    from agentgrad.config import build_config
+    from agentgrad.models.hf import ModelLoadError
+    from agentgrad.pipelines.components import build_components
+    from agentgrad.pipelines.train import train
+
+    small = ["env=api-catalog", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+             "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.tokenizer_corpus_episodes=50",
+             "run.progress=false", "run.threads=1"]
+    config = build_config(overrides=[
+        *small, "rollout.action_head=category", "bc.steps=3", "bc.batch_size_episodes=4", "bc.num_demos=8",
+        "bc.stop_at_success=null", "algo.steps=1", "algo.tasks_per_step=2", "algo.group_size=2",
+        "algo.epochs_per_step=1", "eval.num_tasks=2", f"run.output_dir={tmp_path}", "run.name=run"])
+    train(config)
+    run_dir = tmp_path / "run"
+    rows = [__import__("json").loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss/bc_head" in r for r in rows if r["stage"] == "bc")
+    fresh = build_components(config, tmp_path / "fresh")
+    final = build_components(config, tmp_path / "x", model_path=run_dir / "checkpoints" / "final")
+    assert final.tool_head.decides == "category" and final.tool_head.tool_head is None
+    assert not torch.equal(final.tool_head.category_head.weight, fresh.tool_head.category_head.weight)
+    factored = build_config(overrides=[*small, "rollout.action_head=factored"])
+    with pytest.raises(ModelLoadError, match="decides a category.*needs one that decides a tool"):
+        build_components(factored, tmp_path / "y", model_path=run_dir / "checkpoints" / "final")
+
+
 def _bc_beside_head(loaded_tiny, codec, *, head_loss: bool, detached: bool, steps: int = 6):
     """BC of a copy of the tiny model on api-catalog demos with the LM's targets of the tokens arm (names
     included), beside a factored head; returns (LM weights, the head's NLL before and after)."""
@@ -181,21 +287,21 @@ def _bc_beside_head(loaded_tiny, codec, *, head_loss: bool, detached: bool, step
     suite = ApiCatalogSuite(kinds=["single", "auth_single"], schemas="none")
     limits = EpisodeLimits(max_turns=5, max_new_tokens_per_turn=60, max_total_tokens=1000)
     demos = []
-    for task in suite.sample_tasks(8, split="train", seed=0):
-        plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
-        demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits,
-                                 action_head="factored")
-        demos.append(dataclasses.replace(demo, loss_mask=plain.loss_mask))  # the LM still learns the names
     torch.manual_seed(0)
     model = copy.deepcopy(loaded_tiny.model)
     head = FactoredToolHead(model.config.hidden_size, [(s.name, s.category) for s in catalog()])
+    for task in suite.sample_tasks(8, split="train", seed=0):
+        plain = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits)
+        demo = expert_trajectory(suite.make_env(), task, suite.expert_actions(task), codec, limits,
+                                 writer=NameWriter(head, codec))
+        demos.append(dataclasses.replace(demo, loss_mask=plain.loss_mask))  # the LM still learns the names
     learner = TorchLearner(model, lr=1e-2, tool_head=head, head_detached=detached)
     batch = collate(demos, pad_token_id=loaded_tiny.pad_token_id)
-    decisions = collate_head(demos, head.tool_names)
+    decisions = collate_head(demos, head.choices)
     nll = []
     for _ in range(steps):
         logprobs, hidden = learner.logprobs_and_hidden(batch)
-        head_nll = head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.tool)
+        head_nll = head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.choice)
         nll.append(head_nll.item())
         learner.step(sft_loss(logprobs, batch.loss_mask) + (head_nll if head_loss else 0.0))
     return [p.detach().clone() for p in model.parameters()], nll[0], nll[-1]
@@ -236,7 +342,7 @@ def test_the_kl_term_scores_head_decisions_with_a_frozen_reference_head(loaded_t
                         frozen_reference=lambda: copy.deepcopy(model).eval().requires_grad_(False))
     state = start_rl(c)
     assert state.reference_head is not None and state.reference_head is not head
-    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_tools=head.tool_names)
+    batch = collate(trajs, pad_token_id=loaded_tiny.pad_token_id, head_choices=head.choices)
     at = (batch.head.row, batch.head.score_position)
     ref = add_reference(c, state, batch).ref_logprobs  # (B, T)
     torch.testing.assert_close(ref[at], batch.old_logprobs[at], atol=1e-4, rtol=0)

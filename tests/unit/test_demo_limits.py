@@ -51,7 +51,7 @@ class _Logger:
 def _components(arithmetic_suite, codec, n_detours: int, n: int = 200):
     tasks = arithmetic_suite.sample_tasks(n, split="train", seed=3)
     suite = _Detour(arithmetic_suite, {t.task_id for t in tasks[:n_detours]})
-    return SimpleNamespace(suite=suite, codec=codec, limits=EpisodeLimits(), sampler=SamplerSettings())
+    return SimpleNamespace(suite=suite, codec=codec, limits=EpisodeLimits(), sampler=SamplerSettings(), tool_head=None)
 
 
 def test_a_rare_demo_that_does_not_fit_is_dropped_counted_and_warned(arithmetic_suite, codec):

@@ -61,17 +61,20 @@ def _traj(decisions):
 
 
 def test_head_decisions_collate_over_the_heads_tool_list_and_round_trip():
-    d1 = HeadDecision(position=3, end=5, tool="b", logprob=-0.5, legal=("a", "b"))
-    d2 = HeadDecision(position=6, end=8, tool="c", logprob=-1.5, legal=("c",))
+    d1 = HeadDecision(position=3, end=5, choice="b", logprob=-0.5, legal=("a", "b"))
+    d2 = HeadDecision(position=6, end=8, choice="c", logprob=-1.5, legal=("c",))
     trajs = [_traj([d1]), _traj([]), _traj([d2])]
     hb = collate_head(trajs, ["a", "b", "c"])
-    assert hb.row.tolist() == [0, 2] and hb.position.tolist() == [3, 6] and hb.tool.tolist() == [1, 2]
+    assert hb.row.tolist() == [0, 2] and hb.position.tolist() == [3, 6] and hb.choice.tolist() == [1, 2]
     assert hb.legal.tolist() == [[True, True, False], [False, False, True]]
     assert hb.old_logprob.tolist() == [-0.5, -1.5]
     assert from_json(to_json(trajs[0])) == trajs[0]
+    stored = to_json(d1)
+    stored["tool"] = stored.pop("choice")  # a store written before heads could choose categories
+    assert from_json(stored) == d1
     with pytest.raises(ValueError, match="does not have"):
         collate_head(trajs, ["a", "b"])
-    with pytest.raises(ValueError, match="legal tool"):
-        _traj([HeadDecision(position=3, end=5, tool="z", logprob=0.0, legal=("a",))])
+    with pytest.raises(ValueError, match="legal choice"):
+        _traj([HeadDecision(position=3, end=5, choice="z", logprob=0.0, legal=("a",))])
     with pytest.raises(ValueError, match="span"):
-        _traj([HeadDecision(position=8, end=12, tool="a", logprob=0.0, legal=("a",))])
+        _traj([HeadDecision(position=8, end=12, choice="a", logprob=0.0, legal=("a",))])

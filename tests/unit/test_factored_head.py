@@ -108,3 +108,35 @@ def test_a_head_file_of_another_layout_is_refused_with_a_clear_error(tmp_path):
     torch.save(blob, tmp_path / "old.pt")
     with pytest.raises(ModelLoadError, match="another layout.*train the head again"):
         FactoredToolHead.load(tmp_path / "old.pt")
+
+
+def test_a_category_head_gives_log_p_category_over_the_legal_categories_by_hand():
+    """rollout.action_head=category: one decision picks the category only (the LM writes the tool), so the head's
+    distribution is the softmax of its category logits over the categories holding a legal tool."""
+    torch.manual_seed(0)
+    head = FactoredToolHead(8, [("a.x", "a"), ("a.y", "a"), ("b.z", "b"), ("c.w", "c")], decides="category")
+    assert head.choices == ("a", "b", "c") and head.tool_head is None
+    assert head.legal_choices({"a.y", "c.w", "unknown.tool"}) == {"a", "c"}
+    with torch.no_grad():
+        head.category_head.weight.zero_()
+        head.category_head.bias.copy_(torch.tensor([0.0, 5.0, math.log(3.0)]))  # a: 1, b: e^5 (illegal), c: 3
+    states = torch.randn(1, 4, 8)
+    legal = head.legal_mask([head.legal_choices({"a.y", "c.w"})])  # (1, 3): b illegal
+    with torch.no_grad():
+        logp = head(states, torch.tensor([0]), torch.tensor([3]), legal)[0]
+        tempered = head(states, torch.tensor([0]), torch.tensor([3]), legal, temperature=0.5)[0]  # p^2, renormalised
+    torch.testing.assert_close(logp[[0, 2]], torch.log(torch.tensor([1 / 4, 3 / 4])))
+    assert logp[1] == float("-inf")
+    torch.testing.assert_close(tempered[[0, 2]], torch.log(torch.tensor([1 / 10, 9 / 10])))
+    assert head.decide(states[0], frozenset({"a.y", "c.w"}), temperature=0.0, uniform=0.5) == ("c", float(logp[2]))
+    assert head.decide(states[0], frozenset({"a.y", "c.w"}), temperature=1.0, uniform=0.1)[0] == "a"  # cdf 1/4
+
+
+def test_a_saved_head_keeps_what_it_decides(tmp_path):
+    head = FactoredToolHead(8, [("a.x", "a"), ("b.z", "b")], decides="category")
+    head.save(tmp_path / "h.pt")
+    back = FactoredToolHead.load(tmp_path / "h.pt")
+    assert back.decides == "category" and back.choices == ("a", "b")
+    torch.testing.assert_close(back.category_head.weight, head.category_head.weight)
+    with pytest.raises(ValueError, match="decides"):
+        FactoredToolHead(8, [("a.x", "a")], decides="name")

@@ -60,11 +60,11 @@ def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, a
 def with_head_decisions(lp: torch.Tensor, hidden: torch.Tensor, head: torch.nn.Module, batch: TokenBatch,
                         temperature: float) -> torch.Tensor:
     """Token logprobs `lp` (B, T) with each head decision (`batch.head`) scored by `head` at its score position:
-    log p(category) + log p(tool | category) from the hidden states (B, T, H) up to the position the head read."""
+    log p of its choice from the hidden states (B, T, H) up to the position the head read."""
     h = batch.head
     assert h is not None
-    logp = head(hidden, h.row, h.position, h.legal, temperature)  # (D, N)
-    return lp.index_put((h.row, h.score_position), logp.gather(-1, h.tool[:, None]).squeeze(-1))
+    logp = head(hidden, h.row, h.position, h.legal, temperature)  # (D, K)
+    return lp.index_put((h.row, h.score_position), logp.gather(-1, h.choice[:, None]).squeeze(-1))
 
 
 class ScoresBatches(Protocol):

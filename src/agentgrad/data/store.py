@@ -70,6 +70,8 @@ def from_json(data: Any) -> Any:
     if not (isinstance(data, dict) and "__type__" in data):
         return data
     cls = _RECORD_TYPES[data["__type__"]]
+    if cls is HeadDecision and "tool" in data:  # written before heads could choose categories
+        data = {**data, "choice": data["tool"]}
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:

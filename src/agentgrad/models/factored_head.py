@@ -1,5 +1,9 @@
 """Optional factored action head for large tool catalogs (issue 3): category, then tool, as classifications.
 
+Two modes (`decides`, set by `rollout.action_head`): "tool" (`factored`) classifies the category and then the tool
+within it; "category" (`category`) classifies the category only, and the LM, the second head, writes the tool's
+name (masked to that category's legal tools) and its arguments as tokens.
+
 The head reads the LM's final hidden states up to the call position (the last token of `<tool_call>` + header,
 right before the name would be written) and gives p(category) and p(tool | category), both restricted to the
 env's legal set, so  log p(tool) = log p(category) + log p(tool | category)  (`algos.factored_tool_logprobs`).
@@ -20,8 +24,9 @@ saved as `tool_head.pt` next to the policy checkpoint; RL scores its decisions a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,26 +39,33 @@ from agentgrad.models.hf import ModelLoadError
 # The head's layout, saved in tool_head.pt: a file written by another layout is refused with a clear error.
 LAYOUT = "context-attention-v1"
 
+Decides = Literal["tool", "category"]
+
 
 class FactoredToolHead(nn.Module):
-    def __init__(self, hidden_size: int, tools: Sequence[tuple[str, str]], *, width: int = 256,
-                 key_size: int = 64, attention_heads: int = 4) -> None:
-        """`tools`: (name, category) pairs, in the order of the tool logits. `key_size` is split over
-        `attention_heads` heads; `width` is the hidden layer the two classifiers share."""
+    def __init__(self, hidden_size: int, tools: Sequence[tuple[str, str]], *, decides: Decides = "tool",
+                 width: int = 256, key_size: int = 64, attention_heads: int = 4) -> None:
+        """`tools`: (name, category) pairs, in the order of the tool logits. `decides`: what one decision picks
+        ("tool": category and tool; "category": the category only). `key_size` is split over `attention_heads`
+        heads; `width` is the hidden layer the classifiers share."""
         super().__init__()
         if not tools:
             raise ValueError("a factored head needs at least one tool")
         if key_size % attention_heads:
             raise ValueError(f"key_size {key_size} is not a multiple of attention_heads {attention_heads}")
+        if decides not in ("tool", "category"):
+            raise ValueError(f"decides must be 'tool' or 'category', not {decides!r}")
+        self.decides: Decides = decides
         self.tool_names = tuple(name for name, _ in tools)
         self.categories = tuple(dict.fromkeys(cat for _, cat in tools))
+        self.category_of = dict(tools)
         self.sizes = {"width": width, "key_size": key_size, "attention_heads": attention_heads}
         self.query = nn.Linear(hidden_size, key_size)
         self.key = nn.Linear(hidden_size, key_size)
         self.value = nn.Linear(hidden_size, key_size)
         self.body = nn.Sequential(nn.Linear(hidden_size + key_size, width), nn.GELU())
         self.category_head = nn.Linear(width, len(self.categories))
-        self.tool_head = nn.Linear(width, len(self.tool_names))
+        self.tool_head = nn.Linear(width, len(self.tool_names)) if decides == "tool" else None
         index = {c: i for i, c in enumerate(self.categories)}
         self.register_buffer("tool_category", torch.tensor([index[c] for _, c in tools], dtype=torch.long),
                              persistent=False)
@@ -62,9 +74,20 @@ class FactoredToolHead(nn.Module):
     def hidden_size(self) -> int:
         return self.query.in_features
 
-    def legal_mask(self, legal_names: Sequence[frozenset[str]], device: torch.device | None = None) -> torch.Tensor:
-        """(D, N) bool from each decision's legal tool names (an env's `legal_actions().tools`)."""
-        return torch.tensor([[n in names for n in self.tool_names] for names in legal_names], dtype=torch.bool,
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """What a decision picks from, in the order of the head's output: tool names, or categories."""
+        return self.tool_names if self.decides == "tool" else self.categories
+
+    def legal_choices(self, legal_tools: Iterable[str]) -> frozenset[str]:
+        """The choices open when `legal_tools` (an env's `legal_actions().tools`) are: those tools, or the
+        categories holding at least one of them."""
+        known = [n for n in legal_tools if n in self.category_of]
+        return frozenset(known) if self.decides == "tool" else frozenset(self.category_of[n] for n in known)
+
+    def legal_mask(self, legal: Sequence[frozenset[str]], device: torch.device | None = None) -> torch.Tensor:
+        """(D, K) bool over `choices` from each decision's legal choices (`legal_choices`)."""
+        return torch.tensor([[n in names for n in self.choices] for names in legal], dtype=torch.bool,
                             device=device)
 
     def features(self, states: torch.Tensor, row: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -84,10 +107,14 @@ class FactoredToolHead(nn.Module):
 
     def forward(self, states: torch.Tensor, row: torch.Tensor, position: torch.Tensor, legal: torch.Tensor,
                 temperature: float = 1.0) -> torch.Tensor:
-        """-> (D, N) log p(tool) of each decision (see `features`), -inf where illegal (legal (D, N) bool); at a
-        temperature other than 1 (or 0: greedy) the tempered distribution, which sampler and learner share."""
+        """-> (D, K) log p of each choice (`choices`) per decision (see `features`), -inf where illegal (legal (D, K)
+        bool): log p(category) + log p(tool | category), or log p(category); at a temperature other than 1 (or 0:
+        greedy) the tempered distribution, which sampler and learner share."""
         f = self.features(states, row, position)  # (D, W)
-        logp = factored_tool_logprobs(self.category_head(f), self.tool_head(f), self.tool_category, legal)
+        if self.tool_head is not None:
+            logp = factored_tool_logprobs(self.category_head(f), self.tool_head(f), self.tool_category, legal)
+        else:
+            logp = torch.log_softmax(self.category_head(f).masked_fill(~legal, float("-inf")), dim=-1)  # (D, C)
         if temperature > 0 and temperature != 1.0:
             logp = torch.log_softmax(logp / temperature, -1)
         return logp
@@ -95,10 +122,10 @@ class FactoredToolHead(nn.Module):
     @torch.no_grad()
     def decide(self, states: torch.Tensor, legal: frozenset[str], *, temperature: float,
                uniform: float) -> tuple[str, float]:
-        """One decision for the agent loop: states (L, H) of the context, the last one the call position ->
-        (tool name, logprob), drawn by inverse CDF with `uniform` (keyed by the episode and position, so seeded
-        rollouts repeat); temperature 0 takes the argmax."""
-        mask = self.legal_mask([legal], device=states.device)  # (1, N)
+        """One decision for the agent loop: states (L, H) of the context, the last one the call position, and the
+        legal tool names -> (choice, logprob), drawn by inverse CDF with `uniform` (keyed by the episode and
+        position, so seeded rollouts repeat); temperature 0 takes the argmax."""
+        mask = self.legal_mask([self.legal_choices(legal)], device=states.device)  # (1, K)
         start = torch.zeros(1, dtype=torch.long, device=states.device)
         end = torch.full((1,), len(states) - 1, dtype=torch.long, device=states.device)
         logp = self(states[None].to(self.query.weight.dtype), start, end, mask, temperature)  # (1, N)
@@ -106,16 +133,16 @@ class FactoredToolHead(nn.Module):
             index = int(sample_rows(logp, torch.tensor([uniform], dtype=torch.float64, device=logp.device))[0])
         else:
             index = int(logp.argmax(-1))
-        return self.tool_names[index], float(logp[0, index])
+        return self.choices[index], float(logp[0, index])
 
     def bc_loss(self, states: torch.Tensor, row: torch.Tensor, position: torch.Tensor, legal: torch.Tensor,
                 target: torch.Tensor) -> torch.Tensor:
-        """Mean negative log-likelihood of the expert's tools (D,) long: behaviour cloning of the head."""
+        """Mean negative log-likelihood of the expert's choices (D,) long: behaviour cloning of the head."""
         return -self(states, row, position, legal).gather(-1, target[:, None]).mean()
 
     def to_blob(self) -> dict:
         """What `load` reads back: the layout, the catalog (names and categories, in order), sizes, weights."""
-        return {"layout": LAYOUT, "hidden_size": self.hidden_size, "sizes": dict(self.sizes),
+        return {"layout": LAYOUT, "hidden_size": self.hidden_size, "sizes": dict(self.sizes), "decides": self.decides,
                 "tools": list(zip(self.tool_names, (self.categories[i] for i in self.tool_category.tolist()))),
                 "state": self.state_dict()}
 
@@ -129,6 +156,7 @@ class FactoredToolHead(nn.Module):
             found = blob.get("layout", "linear, before 2026-12-06")
             raise ModelLoadError(f"{path} holds a tool head of another layout ({found!r}, this version reads "
                                  f"{LAYOUT!r}): train the head again (BC with rollout.action_head=factored)")
-        head = cls(blob["hidden_size"], [tuple(t) for t in blob["tools"]], **blob["sizes"])
+        head = cls(blob["hidden_size"], [tuple(t) for t in blob["tools"]], decides=blob.get("decides", "tool"),
+                   **blob["sizes"])
         head.load_state_dict(blob["state"])
         return head

@@ -34,8 +34,8 @@ def bc_demos(c: Components, logger: RunLogger, *, announce: bool = True) -> list
     from agentgrad.pipelines.data import DemoLoadError, read_demos, suite_tools
 
     if c.tool_head is not None:
-        raise DemoLoadError("bc.demos with rollout.action_head=factored is not supported (logs hold no head "
-                            "decisions); use the suite's expert")
+        raise DemoLoadError(f"bc.demos with rollout.action_head={c.sampler.action_head} is not supported (logs "
+                            "hold no head decisions); use the suite's expert")
     log = read_demos(cfg.demos, c.codec, suite_tools(c.suite)[0])
     if announce:
         logger.display.print(log.summary(cfg.demos))
@@ -83,10 +83,10 @@ def bc_losses_with_head(c: Components, picked: list[Trajectory], batch: TokenBat
     """The LM's token loss (the head's names are not in it: loss_mask 0) and the head's NLL of the expert's
     tools, read from the same forward's hidden states at the call positions."""
     assert c.tool_head is not None
-    decisions = collate_head(picked, c.tool_head.tool_names).to(c.device)
+    decisions = collate_head(picked, c.tool_head.choices).to(c.device)
     shared = one_group(batch) if c.config.bc.shared_prefix else batch
     logprobs, hidden = c.learner.logprobs_and_hidden(shared)  # (B, T), (B, T, H)
-    head_loss = (c.tool_head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.tool)
+    head_loss = (c.tool_head.bc_loss(hidden, decisions.row, decisions.position, decisions.legal, decisions.choice)
                  if len(decisions.row) else logprobs.new_zeros(()))
     return sft_loss(logprobs, batch.loss_mask), head_loss
 

@@ -40,7 +40,7 @@ class Components:
     reward_fn: RewardFn
     limits: EpisodeLimits
     sampler: SamplerSettings
-    tool_head: FactoredToolHead | None = None  # rollout.action_head=factored: also `policy.tool_head`
+    tool_head: FactoredToolHead | None = None  # rollout.action_head=factored|category: also `policy.tool_head`
     model_dir: str | None = None  # where the model was loaded from (Ray rollout workers load its config/tokenizer)
     run_dir: str | None = None  # the run's directory (a vLLM server the run starts logs there)
     rollout_runner: Any = None  # rollout.backend=ray: the driver, started at the first rollout (rollout_backend.py)
@@ -161,16 +161,21 @@ TOOL_HEAD_FILE = "tool_head.pt"
 
 def make_tool_head(config: Config, suite: TaskSuite, loaded: LoadedModel, path: str | Path | None
                    ) -> FactoredToolHead | None:
-    """The factored head over the suite's tool catalog (rollout.action_head=factored): the one saved beside the
-    model at `path` if there is one, else a fresh one."""
-    if config.rollout.action_head != "factored":
+    """The factored head over the suite's tool catalog (rollout.action_head=factored or category): the one saved
+    beside the model at `path` if there is one, else a fresh one."""
+    if config.rollout.action_head == "tokens":
         return None
+    decides = "tool" if config.rollout.action_head == "factored" else "category"
     saved = Path(path) / TOOL_HEAD_FILE if path is not None else None
     if saved is not None and saved.exists():
         head = FactoredToolHead.load(saved)
+        if head.decides != decides:
+            raise ModelLoadError(f"{saved} holds a head that decides a {head.decides}, but rollout.action_head="
+                                 f"{config.rollout.action_head} needs one that decides a {decides}")
     else:
         tools = suite.make_env().tools
-        head = FactoredToolHead(loaded.model.config.hidden_size, [(n, tools.get(n).category) for n in tools.names])
+        head = FactoredToolHead(loaded.model.config.hidden_size, [(n, tools.get(n).category) for n in tools.names],
+                                decides=decides)
     return head.to(next(loaded.model.parameters()).device)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentgrad.envs.base import close_env
 from agentgrad.logging import ProgressDisplay
+from agentgrad.rollout.factored import NameWriter
 from agentgrad.rollout.loop import EpisodeLimits, expert_trajectory
 from agentgrad.types import StopReason, Trajectory
 
@@ -117,13 +118,13 @@ def expert_demos(c: Components, n: int, seed: int, *, logger: RunLogger | None =
     the limits (counted: metric data/demos_dropped, and a warning line); a progress bar on `display`."""
     tasks = c.suite.sample_tasks(n, split="train", seed=seed)
     env = c.suite.make_env()
+    writer = NameWriter(c.tool_head, c.codec) if c.tool_head is not None else None
     demos = []
     try:
         with (display or ProgressDisplay(enabled=False)).track("expert demonstrations", len(tasks)) as progress:
             for t in tasks:
-                demo = expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits,
-                                         action_head=c.sampler.action_head)
-                names = c.sampler.action_head == "factored" and c.config.bc.lm_learns_names
+                demo = expert_trajectory(env, t, c.suite.expert_actions(t), c.codec, c.limits, writer=writer)
+                names = writer is not None and c.config.bc.lm_learns_names
                 demos.append(with_names_in_lm_loss(demo) if names else demo)
                 progress(len(demos), None)
     finally:

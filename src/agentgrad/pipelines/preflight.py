@@ -83,7 +83,8 @@ def check_learner(config: Config) -> None:
         raise BadInputError(f"{name} needs DeepSpeed: pip install 'agentgrad[deepspeed]'")
     unsupported = [
         (config.model.lora.r > 0, "model.lora.r > 0 (LoRA): use learner.backend=torch"),
-        (config.rollout.action_head != "tokens", "rollout.action_head=factored: use rollout.action_head=tokens"),
+        (config.rollout.action_head != "tokens",
+         f"rollout.action_head={config.rollout.action_head}: use rollout.action_head=tokens"),
         (config.rollout.backend != "local", f"rollout.backend={config.rollout.backend}: use rollout.backend=local"),
         (config.model.compute_dtype != "fp32",
          f"model.compute_dtype={config.model.compute_dtype} (sharded learners run fp32): set it to fp32"),

@@ -203,7 +203,7 @@ def collect_groups(c: Components, step: int, num_groups: int | None = None,
 def make_batch(c: Components, groups: Sequence[TrajectoryGroup]) -> TokenBatch:
     samples = [s for g in groups for s in g.samples]
     return c.collate(samples, group_index=[i for i, g in enumerate(groups) for _ in g.samples],
-                     head_tools=c.tool_head.tool_names if c.tool_head is not None else None)
+                     head_choices=c.tool_head.choices if c.tool_head is not None else None)
 
 
 # ---- per-step tensors ---------------------------------------------------------------------------------------

@@ -204,12 +204,13 @@ class EpisodeMasks:
     def token_masks(self, row: int) -> list[TokenMask]:
         return self.turn.token_masks(row)
 
-    def restrict_name(self, row: int, name: str) -> None:
-        """An action head chose `name` (rollout/factored.py): the open name may now only close, not grow into
-        a longer legal name. Lasts until the row's next turn."""
+    def restrict_names(self, row: int, names: frozenset[str]) -> None:
+        """An action head chose (rollout/factored.py): the open name may now only become one of `names` (the
+        chosen tool: close, not grow into a longer legal name; a category: one of its legal tools). Lasts until
+        the row's next turn."""
         mask = self.turn.masks[row]
         if mask is not None:
-            self.turn.masks[row] = dataclasses.replace(mask, tools=frozenset({name}))
+            self.turn.masks[row] = dataclasses.replace(mask, tools=names)
 
 
 def tool_name_decoder(codec: ChatCodec) -> ToolNameDecoder:

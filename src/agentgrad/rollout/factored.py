@@ -1,22 +1,25 @@
-"""Tool names chosen by a factored action head (`rollout.action_head=factored`) inside the agent loop.
+"""Tool names chosen by a factored action head (`rollout.action_head=factored|category`) inside the agent loop.
 
 A turn is generated as text until it has written `<tool_call>` + the call header (`\\n{"name": "`): there the
 engine pauses (`DecodeSession` `pause`). The policy's forward gives the final hidden states of the context so
 far (`context_states`, the learner's forward, so sampler and learner read the same states), and the head picks
-(category, tool) over the env's legal tools from them (the last one is the state the name's first token would
-have been sampled from); the name's tokens are
-written in as context (loss_mask 0, logprob 0.0: the LM did not sample them) and the turn goes on as text (the
-arguments). One turn can hold several such decisions. Each is recorded as a `HeadDecision` (the position whose
-hidden state was read, the name's span, the tool, its logprob, the legal set).
+from them over the env's legal tools (the last state is the one the name's first token would have been sampled
+from): under `factored` a tool (category, then tool), whose name's tokens are written in; under `category` a
+category, and the tokens that the category's legal tool names all start with are written in (`NameWriter`).
+Written tokens are context (loss_mask 0, logprob 0.0: the LM did not sample them) and the turn goes on as text:
+under `category` the LM writes the rest of the name, then the arguments. One turn can hold several decisions.
+Each is recorded as a `HeadDecision` (the position whose hidden state was read, the written span, the choice,
+its logprob, the legal choices).
 
-After a decision the open name may only close: the tool-name mask of that row is narrowed to the chosen name,
-so the LM cannot extend `weather.get_rain` into a longer legal name (the masked token is recorded as usual).
+After a decision the tool-name mask of that row is narrowed to the names the choice allows (the chosen tool, or
+the category's legal tools), so the LM cannot extend `weather.get_rain` into a longer legal name or leave the
+category (the masked tokens are recorded as usual).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,12 +37,16 @@ from agentgrad.types import ToolCall
 class ToolHead(Protocol):
     """What the loop needs of a head (`models.factored_head.FactoredToolHead` is one)."""
 
+    decides: str  # "tool" or "category"
     tool_names: tuple[str, ...]
+    category_of: dict[str, str]
+
+    def legal_choices(self, legal_tools: Iterable[str]) -> frozenset[str]: ...
 
     def decide(self, states: torch.Tensor, legal: frozenset[str], *, temperature: float,
                uniform: float) -> tuple[str, float]:
-        """states (L, H) of the context up to the call position -> (tool name, its logprob under the legal set),
-        sampled by inverse CDF with `uniform`."""
+        """states (L, H) of the context up to the call position, legal tool names -> (choice, its logprob under
+        the legal choices), sampled by inverse CDF with `uniform`."""
         ...
 
 
@@ -50,11 +57,50 @@ ContextStates = Callable[[Sequence[int]], torch.Tensor]  # ids (L,) -> final hid
 class HeadSpan:
     """One decision, positions relative to the turn's first generated token."""
 
-    name_start: int  # first token of the name; the head read the hidden state of token name_start - 1
-    name_end: int
-    tool: str
+    name_start: int  # first written token; the head read the hidden state of token name_start - 1
+    name_end: int  # after the last written token
+    choice: str  # a tool name, or a category
     logprob: float
-    legal: tuple[str, ...]
+    legal: tuple[str, ...]  # the legal choices
+
+
+class NameWriter:
+    """What a head's choice writes into the turn: the chosen tool's name tokens, or (a category) the tokens that
+    the names of the category's legal tools all begin with, and which names the LM may then complete."""
+
+    def __init__(self, head: ToolHead, codec: ChatCodec) -> None:
+        self.head, self.codec = head, codec
+        self._ids: dict[str, list[int]] = {}
+        if head.decides == "category":
+            for category in dict.fromkeys(head.category_of.values()):
+                names = [n for n, c in head.category_of.items() if c == category]
+                if not self.common_ids(names):
+                    raise ValueError(f"rollout.action_head=category writes the chosen category's shared name "
+                                     f"prefix in, but the tools of category {category!r} ({', '.join(names[:3])}"
+                                     f"{', ...' if len(names) > 3 else ''}) share no whole token: name them "
+                                     "<category>.<tool>, or use rollout.action_head=factored")
+
+    def name_ids(self, name: str) -> list[int]:
+        if name not in self._ids:
+            self._ids[name] = self.codec.encode(name)
+        return self._ids[name]
+
+    def common_ids(self, names: Sequence[str]) -> list[int]:
+        encoded = [self.name_ids(n) for n in names]
+        k = 0
+        while all(len(e) > k and e[k] == encoded[0][k] for e in encoded):
+            k += 1
+        return encoded[0][:k]
+
+    def write(self, choice: str, legal_tools: frozenset[str]) -> tuple[list[int], frozenset[str]]:
+        """(ids written after the call header, the tool names the LM may complete from there)."""
+        if self.head.decides == "tool":
+            return self.name_ids(choice), frozenset({choice})
+        names = frozenset(n for n in legal_tools if self.head.category_of.get(n) == choice)
+        return self.common_ids(sorted(names)), names
+
+    def choice_of(self, tool: str) -> str:
+        return tool if self.head.decides == "tool" else self.head.category_of[tool]
 
 
 @dataclass
@@ -74,13 +120,13 @@ class HeadCalls:
     def __init__(self, head: ToolHead, codec: ChatCodec, sampling: SamplingParams, num_rows: int,
                  context_states: ContextStates) -> None:
         self.head, self.codec, self.context_states = head, codec, context_states
+        self.writer = NameWriter(head, codec)
         self.decoder: ToolNameDecoder = tool_name_decoder(codec)
         self.trigger = OPEN + self.decoder.header
         self.temperature = sampling.temperature
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(62)
         self.known = frozenset(head.tool_names)
         self.turns = [_Turn() for _ in range(num_rows)]
-        self._name_ids: dict[str, list[int]] = {}
 
     def start_turn(self, row: int, mask: ActionMask, budget: int) -> None:
         self.turns[row] = _Turn(budget=budget, legal=mask.tools & self.known)
@@ -106,33 +152,29 @@ class HeadCalls:
             return None
         return lambda row, generated, logits: inner(row, self.turns[row].ids + list(generated), logits)
 
-    def name_ids(self, name: str) -> list[int]:
-        if name not in self._name_ids:
-            self._name_ids[name] = self.codec.encode(name)
-        return self._name_ids[name]
-
     def decide(self, row: int, gen: Generation, context: Sequence[int], masks: EpisodeMasks | None
                ) -> list[int] | None:
-        """A paused turn: choose the tool from the states of `context` (the episode's ids before this turn) and
-        the turn so far, write its name in. Returns the ids to submit and continue with, or None when the turn
-        budget has no room for the name and at least one more token. The draw is keyed by (seed, row, the
-        name's first position), so seeded runs repeat."""
+        """A paused turn: choose from the states of `context` (the episode's ids before this turn) and the turn so
+        far, write the choice's tokens in (`NameWriter`). Returns the ids to submit and continue with, or None
+        when the turn budget has no room for them and at least one more token. The draw is keyed by (seed, row,
+        the name's first position), so seeded runs repeat."""
         turn = self.turns[row]
         turn.ids += gen.token_ids
         turn.logprobs += gen.logprobs
         position = len(context) + len(turn.ids)
         u = float(counter_uniform(self.seed, torch.tensor([row]), torch.tensor([position]))[0])
         states = self.context_states(list(context) + turn.ids)  # (position, H)
-        name, logprob = self.head.decide(states, turn.legal, temperature=self.temperature, uniform=u)
-        ids = self.name_ids(name)
+        choice, logprob = self.head.decide(states, turn.legal, temperature=self.temperature, uniform=u)
+        ids, names = self.writer.write(choice, turn.legal)
         if len(turn.ids) + len(ids) >= turn.budget:
             return None
         start = len(turn.ids)
-        turn.spans.append(HeadSpan(start, start + len(ids), name, logprob, tuple(sorted(turn.legal))))
+        legal = tuple(sorted(self.head.legal_choices(turn.legal)))
+        turn.spans.append(HeadSpan(start, start + len(ids), choice, logprob, legal))
         turn.ids += ids
         turn.logprobs += [0.0] * len(ids)
         if masks is not None:
-            masks.restrict_name(row, name)
+            masks.restrict_names(row, names)
         return ids
 
     def remaining(self, row: int) -> int:
@@ -150,14 +192,16 @@ class HeadCalls:
         return Generation(tuple(turn.ids), tuple(turn.logprobs), "length")
 
 
-def expert_spans(codec: ChatCodec, ids: Sequence[int], call: ToolCall | None, legal: frozenset[str]
+def expert_spans(writer: NameWriter, ids: Sequence[int], call: ToolCall | None, legal: frozenset[str]
                  ) -> tuple[HeadSpan, ...]:
-    """Where an expert turn's tool name sits in its ids, as a head decision (logprob 0: the expert's).
+    """Where an expert turn's head decision sits in its ids (the tokens its choice writes in; logprob 0: the
+    expert's), the choice being the called tool or its category.
 
     The name must be whole tokens (the tokenizer does not merge it with the header or the closing quote), as
     byte-level BPE pre-tokenisation keeps punctuation and letters apart; otherwise a head cannot write it in."""
     if call is None:
         return ()
+    codec = writer.codec
     decoder = tool_name_decoder(codec)
     trigger = OPEN + decoder.header
     text = ""
@@ -169,6 +213,9 @@ def expert_spans(codec: ChatCodec, ids: Sequence[int], call: ToolCall | None, le
         if start is not None and len(text) >= len(call.name):
             if text != call.name or codec.encode(call.name) != list(ids[start:k + 1]):
                 raise ValueError(f"tool name {call.name!r} is not whole tokens after the call header in this "
-                                 "tokenizer: rollout.action_head=factored cannot write it in")
-            return (HeadSpan(start, k + 1, call.name, 0.0, tuple(sorted(legal))),)
+                                 "tokenizer: a head cannot write it in (use rollout.action_head=tokens)")
+            choice = writer.choice_of(call.name)
+            written, _ = writer.write(choice, legal)
+            choices = tuple(sorted(writer.head.legal_choices(legal)))
+            return (HeadSpan(start, start + len(written), choice, 0.0, choices),)
     raise ValueError(f"no call header before {call.name!r} in the expert turn")

@@ -26,7 +26,7 @@ from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
-from agentgrad.rollout.factored import HeadCalls, HeadSpan, expert_spans
+from agentgrad.rollout.factored import HeadCalls, HeadSpan, NameWriter, expert_spans
 from agentgrad.types import (
     Action,
     FinalAnswer,
@@ -41,7 +41,7 @@ from agentgrad.types import (
     Turn,
 )
 
-ActionHeadMode = Literal["tokens", "factored"]
+ActionHeadMode = Literal["tokens", "factored", "category"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class SamplerSettings:
     waiting_episodes: int = 0  # extra episodes kept while others wait on tools (0: a waiting episode keeps its slot)
     tool_wait_steps: int = 8  # with waiting_episodes and the deterministic schedule: see _QueuedSchedule
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
-    action_head: ActionHeadMode = "tokens"  # "factored": a head chooses tool names (rollout/factored.py)
+    action_head: ActionHeadMode = "tokens"  # "factored" / "category": a head chooses (rollout/factored.py)
 
 
 @dataclass
@@ -123,7 +123,7 @@ def begin_turn(ep: _Episode, gen: Generation, codec: ChatCodec, limits: EpisodeL
     for h in head_spans:
         if h.name_end <= len(ids):
             ep.loss_mask[start + h.name_start:start + h.name_end] = [0] * (h.name_end - h.name_start)
-            ep.head_decisions.append(HeadDecision(start + h.name_start - 1, start + h.name_end, h.tool, h.logprob,
+            ep.head_decisions.append(HeadDecision(start + h.name_start - 1, start + h.name_end, h.choice, h.logprob,
                                                   h.legal))
     text = codec.decode(ids)
     ep.turn_text, ep.turn_start = text, start
@@ -220,9 +220,10 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
     current turn. With `sampling.seed` set, a session's tokens do not depend on thread timing: each episode's
     randomness is keyed by (seed, episode index, token position).
 
-    With `sampler.action_head == "factored"`, tool names are chosen by the policy's `tool_head` at the call
-    position instead of sampled as tokens (rollout/factored.py); this needs a `SessionPolicy` (a turn pauses
-    there), and the tool-name mask is then on in every state (it closes the chosen name).
+    With `sampler.action_head` "factored" or "category", tools (or categories) are chosen by the policy's
+    `tool_head` at the call position instead of sampled as tokens (rollout/factored.py); this needs a
+    `SessionPolicy` (a turn pauses there), and the tool-name mask is then on in every state (it narrows the name
+    to the choice).
 
     `on_episode_end(index)` is called as each episode ends (for a progress display; it changes nothing).
     """
@@ -269,14 +270,17 @@ def _head_calls(policy: Policy, codec: ChatCodec, sampling: SamplingParams, samp
                 num_rows: int) -> HeadCalls | None:
     if sampler.action_head == "tokens":
         return None
+    mode = f"rollout.action_head={sampler.action_head}"
     head = getattr(policy, "tool_head", None)
     if head is None:
-        raise ValueError("rollout.action_head=factored needs a tool head (the policy has none)")
+        raise ValueError(f"{mode} needs a tool head (the policy has none)")
     if not isinstance(policy, SessionPolicy):
-        raise ValueError("rollout.action_head=factored needs a policy with incremental sessions (e.g. HFPolicy)")
+        raise ValueError(f"{mode} needs a policy with incremental sessions (e.g. HFPolicy)")
     states = getattr(policy, "context_states", None)
     if states is None:
-        raise ValueError("rollout.action_head=factored needs a policy that exposes its hidden states (e.g. HFPolicy)")
+        raise ValueError(f"{mode} needs a policy that exposes its hidden states (e.g. HFPolicy)")
+    if head.decides != ("tool" if sampler.action_head == "factored" else "category"):
+        raise ValueError(f"{mode} does not match the policy's tool head, which decides a {head.decides}")
     return HeadCalls(head, codec, sampling, num_rows, states)
 
 
@@ -455,9 +459,10 @@ class _QueuedSchedule(_Schedule):
 
 
 def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: ChatCodec,
-                      limits: EpisodeLimits, *, action_head: ActionHeadMode = "tokens") -> Trajectory:
+                      limits: EpisodeLimits, *, writer: NameWriter | None = None) -> Trajectory:
     """A demonstration encoded through the very path a rollout takes (same template, same observation ids).
-    Under `action_head="factored"` each call's name is recorded as a head decision (loss_mask 0)."""
+    With a head's `writer`, what the head would write of each call's name is recorded as its decision
+    (loss_mask 0)."""
     ep = start_episode(env, task, codec, seed=0)
     for action in actions:
         if ep.done:
@@ -469,8 +474,8 @@ def expert_trajectory(env: Env, task: Task, actions: Sequence[Action], codec: Ch
         else:
             raise ValueError("expert actions must be ToolCall or FinalAnswer")
         ids = codec.assistant_ids(msg)
-        spans = (expert_spans(codec, ids, action if isinstance(action, ToolCall) else None, env.legal_actions().tools)
-                 if action_head == "factored" else ())
+        spans = (expert_spans(writer, ids, action if isinstance(action, ToolCall) else None, env.legal_actions().tools)
+                 if writer is not None else ())
         advance(ep, Generation(tuple(ids), (0.0,) * len(ids), "stop"), codec, limits, spans)
     if not ep.done:
         raise ValueError(f"expert actions for {task.task_id} did not finish the episode")
