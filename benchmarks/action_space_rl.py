@@ -52,8 +52,9 @@ def main() -> None:
         base = build_config(overrides=["env=api-catalog", *MODEL, f"run.seed={args.seed}"])
         model_dir = build_tiny_model_dir(base, make_suite(base), Path(tmp) / "base-model")
         rows = [arm(head, args, model_dir, Path(tmp)) for head in args.arms.split(",")]
+    threads = next((o.split("=", 1)[1] for o in reversed(args.override) if o.startswith("run.threads=")), "1")
     print(f"api-catalog, tiny model, BC {args.bc_steps} steps then {args.algo} {args.rl_steps} steps, seed "
-          f"{args.seed}; greedy on {args.eval_tasks} held-out tasks; one thread")
+          f"{args.seed}; greedy on {args.eval_tasks} held-out tasks; threads: {threads}")
     print("| tool name by | after BC | after RL | right tool | LM tokens sampled per call | head decisions per call "
           "| wall s |")
     print("|---|---|---|---|---|---|---|")
