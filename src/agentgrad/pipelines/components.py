@@ -25,6 +25,7 @@ from agentgrad.models.hf import LoadedModel, ModelLoadError, load_model
 from agentgrad.models.lora import ADAPTER_DIR, Adapters, attach_lora, merge_saved_adapter
 from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import INCREMENTAL_HINT, ChatCodec, ChatTemplateError
+from agentgrad.rollout.factored import HEAD_DECIDES
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
 from agentgrad.types import Message, ScoredTrajectory, Trajectory
 
@@ -165,7 +166,7 @@ def make_tool_head(config: Config, suite: TaskSuite, loaded: LoadedModel, path: 
     beside the model at `path` if there is one, else a fresh one."""
     if config.rollout.action_head == "tokens":
         return None
-    decides = "tool" if config.rollout.action_head == "factored" else "category"
+    decides = HEAD_DECIDES[config.rollout.action_head]
     saved = Path(path) / TOOL_HEAD_FILE if path is not None else None
     if saved is not None and saved.exists():
         head = FactoredToolHead.load(saved)

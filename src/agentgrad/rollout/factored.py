@@ -52,6 +52,9 @@ class ToolHead(Protocol):
 
 ContextStates = Callable[[Sequence[int]], torch.Tensor]  # ids (L,) -> final hidden states (L, H)
 
+# What the head of each `rollout.action_head` mode decides (`FactoredToolHead.decides`).
+HEAD_DECIDES = {"factored": "tool", "category": "category"}
+
 
 @dataclass(frozen=True)
 class HeadSpan:
@@ -101,6 +104,14 @@ class NameWriter:
 
     def choice_of(self, tool: str) -> str:
         return tool if self.head.decides == "tool" else self.head.category_of[tool]
+
+    def span(self, start: int, choice: str, logprob: float, legal_tools: frozenset[str]
+             ) -> tuple[HeadSpan, list[int], frozenset[str]]:
+        """The decision as a span from turn position `start`, the ids it writes, and the names the LM may then
+        complete (`write`)."""
+        ids, names = self.write(choice, legal_tools)
+        legal = tuple(sorted(self.head.legal_choices(legal_tools)))
+        return HeadSpan(start, start + len(ids), choice, logprob, legal), ids, names
 
 
 @dataclass
@@ -165,12 +176,10 @@ class HeadCalls:
         u = float(counter_uniform(self.seed, torch.tensor([row]), torch.tensor([position]))[0])
         states = self.context_states(list(context) + turn.ids)  # (position, H)
         choice, logprob = self.head.decide(states, turn.legal, temperature=self.temperature, uniform=u)
-        ids, names = self.writer.write(choice, turn.legal)
+        span, ids, names = self.writer.span(len(turn.ids), choice, logprob, turn.legal)
         if len(turn.ids) + len(ids) >= turn.budget:
             return None
-        start = len(turn.ids)
-        legal = tuple(sorted(self.head.legal_choices(turn.legal)))
-        turn.spans.append(HeadSpan(start, start + len(ids), choice, logprob, legal))
+        turn.spans.append(span)
         turn.ids += ids
         turn.logprobs += [0.0] * len(ids)
         if masks is not None:
@@ -214,8 +223,6 @@ def expert_spans(writer: NameWriter, ids: Sequence[int], call: ToolCall | None, 
             if text != call.name or codec.encode(call.name) != list(ids[start:k + 1]):
                 raise ValueError(f"tool name {call.name!r} is not whole tokens after the call header in this "
                                  "tokenizer: a head cannot write it in (use rollout.action_head=tokens)")
-            choice = writer.choice_of(call.name)
-            written, _ = writer.write(choice, legal)
-            choices = tuple(sorted(writer.head.legal_choices(legal)))
-            return (HeadSpan(start, start + len(written), choice, 0.0, choices),)
+            span, _, _ = writer.span(start, writer.choice_of(call.name), 0.0, legal)
+            return (span,)
     raise ValueError(f"no call header before {call.name!r} in the expert turn")

@@ -26,7 +26,7 @@ from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
-from agentgrad.rollout.factored import HeadCalls, HeadSpan, NameWriter, expert_spans
+from agentgrad.rollout.factored import HEAD_DECIDES, HeadCalls, HeadSpan, NameWriter, expert_spans
 from agentgrad.types import (
     Action,
     FinalAnswer,
@@ -279,7 +279,7 @@ def _head_calls(policy: Policy, codec: ChatCodec, sampling: SamplingParams, samp
     states = getattr(policy, "context_states", None)
     if states is None:
         raise ValueError(f"{mode} needs a policy that exposes its hidden states (e.g. HFPolicy)")
-    if head.decides != ("tool" if sampler.action_head == "factored" else "category"):
+    if head.decides != HEAD_DECIDES[sampler.action_head]:
         raise ValueError(f"{mode} does not match the policy's tool head, which decides a {head.decides}")
     return HeadCalls(head, codec, sampling, num_rows, states)
 
