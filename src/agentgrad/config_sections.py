@@ -209,8 +209,9 @@ class RestConfig(Section):
                                                       "not compound; 'current', the policy as the last Improve "
                                                       "left it (Gulcehre et al. 2023), which from BC starts fell "
                                                       "below its start over long runs (docs/algorithms.md).")
-    tasks_per_iteration: int = Field(64, gt=0, description="Tasks sampled by each Grow step: with improve_from=start "
-                                     "one Grow is all an Improve step learns from, so it must be large.")
+    tasks_per_iteration: int = Field(512, gt=0, description="Tasks sampled by each Grow step: with "
+                                     "improve_from=start one Grow is all an Improve step learns from, so it must "
+                                     "be large (64 lost ground on api-catalog and sql-qa: docs/algorithms.md).")
     samples_per_task: int = Field(8, gt=0, description="Samples per task (N) in each Grow step.")
     max_per_task: int | None = Field(None, ge=1, description="Most kept samples per task (ReST-EM's cap against "
                                      "easy tasks filling the Improve set); None keeps all.")
@@ -222,7 +223,7 @@ class RestConfig(Section):
     threshold_increment: float = Field(0.1, ge=0, description="Threshold rise per iteration (with 0/1 rewards any "
                                        "threshold in (0, 1] keeps exactly the successes).")
     threshold_max: float = Field(1.0, description="Ceiling of the rising threshold.")
-    sft_steps: int = Field(32, ge=0, description="SFT optimizer steps per Improve step.")
+    sft_steps: int = Field(64, ge=0, description="SFT optimizer steps per Improve step.")
     batch_size_episodes: int = Field(32, gt=0, description="Episodes per SFT step.")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate of the Improve steps.")
 

@@ -25,10 +25,11 @@ ALGOS = {
     # PPO as in Ziegler et al. 2019: KL to the BC policy as a reward penalty, adaptive coefficient.
     "ppo": ["algo.steps=15", "algo.kl_coef=0.05", "algo.kl_mode=reward",
             "algo.kl_controller=adaptive", "algo.kl_target=0.5", "algo.kl_horizon_episodes=500"],
-    # ReST-EM as shipped (the rest.* defaults): 3 iterations, each a Grow of 64 tasks x 8 samples (1,536 episodes
-    # in all) and 32 SFT steps re-fitting the BC policy on the latest Grow's successes. With 0/1 rewards the
-    # threshold keeps exactly the successes.
-    "rest": [],
+    # ReST-EM (improve_from=start): 3 iterations, each re-fitting the BC policy on the latest Grow's successes (with
+    # 0/1 rewards the threshold keeps exactly them). A Grow of 64 tasks x 8 samples and 32 SFT steps, an eighth of
+    # the defaults' Grow: the products task lifts +55 to +62 points with it on seeds 0-2 (docs/algorithms.md); the
+    # defaults' 512 tasks x 64 steps are for suites whose successes are spread over many templates.
+    "rest": ["rest.tasks_per_iteration=64", "rest.sft_steps=32"],
     # Four passes over each iteration's pairs, as the RL algorithms make over each batch (algo.epochs_per_step), and
     # more iterations: only groups with both a success and a failure give pairs. With the NLL term (dpo.nll_coef);
     # plain DPO went 45% -> 30% here, and at lr 3e-4 to 7%. The default 16 tasks x 8 samples an iteration: the BC
