@@ -7,7 +7,8 @@
 
 Each (suite, seed) trains BC once with the run's stop rule (a partial policy; cached in --out), evaluates it on
 the held-out split, then runs the ReST stage alone from that checkpoint (`--rest` overrides, e.g.
-`rest.variant=expert_iteration` for the old behaviour) and evaluates again on the same held-out tasks. The model
+`rest.improve_from=current` for Gulcehre et al.'s variant, `rest.tasks_per_iteration=64 rest.sft_steps=32` for the
+Grow before 2026-12-06) and evaluates again on the same held-out tasks. The model
 is the tests' fast shape (`FAST` of tests/integration/test_train_tiny.py); arithmetic uses FAST's products.
 One line per run goes to results.jsonl; the table prints start, end, their Wilson 95% intervals and wall time.
 """
