@@ -36,6 +36,16 @@ def test_unknown_preset_lists_presets():
     assert "tiny-cpu" in str(err.value)
 
 
+def test_code_cpu_preset_runs_bc_then_rest_on_the_code_suite_with_its_limits():
+    from agentgrad.pipelines.schedule import stages_of
+
+    cfg = build_config("code-cpu")
+    assert [s.algo for s in stages_of(cfg)] == ["bc", "rest"]
+    assert cfg.env.name == "code" and cfg.model.tiny.hidden_size == 64 and cfg.bc.num_demos == 1000
+    assert cfg.rollout.max_new_tokens_per_turn == 96  # the suite's own defaults still apply under a preset
+    assert cfg.rollout.temperature == 0.7 and cfg.bc.stop_at_success == 0.3  # and the tiny-cpu preset's
+
+
 def test_round_trip(tmp_path):
     cfg = build_config(overrides=["bc.steps=3"])
     save_config(cfg, tmp_path / "c.yaml")
