@@ -28,7 +28,7 @@ ALGOS = {
     # ReST-EM (improve_from=start): 3 iterations, each re-fitting the BC policy on the latest Grow's successes (with
     # 0/1 rewards the threshold keeps exactly them). A Grow of 64 tasks x 8 samples and 32 SFT steps, an eighth of
     # the defaults' Grow: the products task lifts +55 to +62 points with it on seeds 0-2 (docs/algorithms.md); the
-    # defaults' 512 tasks x 64 steps are for suites whose successes are spread over many templates.
+    # defaults' 512 tasks x 8 samples and 64 SFT steps are for suites whose successes spread over many templates.
     "rest": ["rest.tasks_per_iteration=64", "rest.sft_steps=32"],
     # Four passes over each iteration's pairs, as the RL algorithms make over each batch (algo.epochs_per_step), and
     # more iterations: only groups with both a success and a failure give pairs. With the NLL term (dpo.nll_coef);
