@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 
 import pytest
 
@@ -132,17 +133,34 @@ def test_splits_are_disjoint(suites, name):
     suite = suites[name]
     n = 5 if name == "jsonl" else 30
     by_split = {s: suite.sample_tasks(n, split=s, seed=0) for s in ("train", "heldout", "test")}
+    split_key = getattr(suite, "split_key", lambda task: task.prompt)  # sql-qa: the world
     ids = {s: {t.task_id for t in ts} for s, ts in by_split.items()}
-    prompts = {s: {t.prompt for t in ts} for s, ts in by_split.items()}
+    keys = {s: {split_key(t) for t in ts} for s, ts in by_split.items()}
     for a, b in (("train", "heldout"), ("train", "test"), ("heldout", "test")):
         assert not ids[a] & ids[b], f"{name}: {a} and {b} share task ids"
-        assert not prompts[a] & prompts[b], f"{name}: {a} and {b} share prompts {prompts[a] & prompts[b]}"
-    if name != "jsonl":  # a list of many seeds never leaks either (the prompt hash decides the split)
+        assert not keys[a] & keys[b], f"{name}: {a} and {b} share split keys {keys[a] & keys[b]}"
+    if name != "jsonl":  # a list of many seeds never leaks either
         for s in ("heldout", "test"):
-            other = {t.prompt for seed in range(3) for t in suite.sample_tasks(20, split="train", seed=seed)}
-            assert not other & prompts[s]
+            other = {split_key(t) for seed in range(3) for t in suite.sample_tasks(20, split="train", seed=seed)}
+            assert not other & keys[s]
     with pytest.raises(ValueError):
         suite.sample_tasks(1, split="validation", seed=0)
+
+
+def test_sql_qa_splits_ask_the_same_mix(suites):
+    """sql-qa's splits go by world, not by prompt: a question kind with few texts ("hired after {year}", 18 years)
+    is asked in every split, and each kind's share is alike across splits. Split by prompt, 2 of the 18 years went
+    to heldout and none of them to train, and employee_city was 26% of heldout against 10% of train."""
+    suite = suites["sql-qa"]
+    by_split = {s: suite.sample_tasks(400, split=s, seed=0) for s in ("train", "heldout", "test")}
+    years = {s: {t.prompt for t in ts if t.metadata["kind"] == "count_hired_after"} for s, ts in by_split.items()}
+    assert all(len(years[s]) >= 12 for s in by_split), {s: len(y) for s, y in years.items()}  # of 18
+    assert len(years["heldout"] & years["train"]) >= 10 and len(years["test"] & years["train"]) >= 10
+    shares = {s: Counter(t.metadata["kind"] for t in ts) for s, ts in by_split.items()}
+    for kind in shares["train"]:
+        share = [shares[s][kind] / 400 for s in by_split]
+        # one share's binomial sd over 400 tasks is ~1.7 points; prompt-keyed splits differed by up to 16
+        assert max(share) - min(share) < 0.08, (kind, share)
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n != "jsonl"])

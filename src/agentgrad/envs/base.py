@@ -84,7 +84,9 @@ class TaskSuite(Protocol):
     Optional attributes: `success_from` ("verifier", the default: `verify(task, final_answer)`; "env": the env's
     `info["success"]` when it ended the episode, for games that need no answer step; "both": both must hold),
     `config_defaults` (a mapping of config sections the suite needs to differ from the defaults, e.g.
-    `{"rollout": {"max_turns": 8}}`, applied under the preset and overrides), and `close()`.
+    `{"rollout": {"max_turns": 8}}`, applied under the preset and overrides), `split_key(task) -> str` (what
+    no two splits may share; the prompt by default, world and prompt where each split has its own worlds), and
+    `close()`.
     """
 
     name: str
@@ -232,7 +234,7 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
 
     - it has the TaskSuite methods, and `success_from` is valid;
     - `sample_tasks` is deterministic per seed and returns Tasks; the train, heldout and test splits share no
-      task (by content hash) and no prompt;
+      task (by content hash) and no split key (`suite.split_key(task)`, by default the prompt);
     - the expert solves every one of `n` train tasks through a real env: its actions are legal, end the episode,
       and succeed by the suite's own success source;
     - the verifier agrees: it accepts the expert's answer and rejects an empty one (verifier-based suites),
@@ -257,12 +259,14 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
     if not splits["train"]:
         raise SuiteCheckError("the train split is empty")
     hashes = {s: {t.content_hash() for t in ts} for s, ts in splits.items()}
-    prompts = {s: {t.prompt for t in ts} for s, ts in splits.items()}
+    split_key = getattr(suite, "split_key", None) or (lambda task: task.prompt)
+    keys = {s: {split_key(t) for t in ts} for s, ts in splits.items()}
     for a, b in (("train", "heldout"), ("train", "test"), ("heldout", "test")):
         if hashes[a] & hashes[b]:
             raise SuiteCheckError(f"the {a} and {b} splits share {len(hashes[a] & hashes[b])} task(s)")
-        if prompts[a] & prompts[b] and source == "verifier":  # a game may show every task the same prompt
-            raise SuiteCheckError(f"the {a} and {b} splits share prompts, e.g. {sorted(prompts[a] & prompts[b])[0]!r}")
+        if keys[a] & keys[b] and source == "verifier":  # a game may show every task the same prompt
+            raise SuiteCheckError(f"the {a} and {b} splits share split keys (prompts unless the suite defines "
+                                  f"split_key), e.g. {sorted(keys[a] & keys[b])[0]!r}")
     episodes = []
     for task in splits["train"]:
         episode = expert_episode(suite, task, seed=seed)

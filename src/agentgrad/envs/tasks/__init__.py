@@ -1,9 +1,10 @@
 """Task suites, and the helpers they share: split streams, fictional names, answer matching, per-task envs.
 
 Every suite draws its tasks from a seeded stream per (suite, split, seed) and keeps a task only when a hash of its
-prompt falls in that split's buckets (80% train, 10% heldout, 10% test). So the three splits can never share a
-prompt, whatever the seeds, and a task list is a deterministic function of (options, split, seed) (a longer list
-extends a shorter one).
+prompt falls in that split's buckets (80% train, 10% heldout, 10% test), so the three splits never share a prompt,
+whatever the seeds; a suite whose worlds are built per split (sql-qa) keeps every task of a world instead, and
+the splits share no world (`world_key`). A task list is a deterministic function of (options, split, seed) (a
+longer list extends a shorter one).
 
 Standard library only (plus the env/tool base modules): no torch here.
 """
@@ -50,10 +51,27 @@ def stream_rng(suite: str, split: str, seed: int, *extra: Any) -> random.Random:
     return random.Random(stable_int(suite, check_split(split), int(seed), *extra))
 
 
+def prompt_key(task: Task) -> str:
+    """The default split key: the prompt, so no question text is shared between splits."""
+    return task.prompt
+
+
+def world_key(task: Task) -> str:
+    """The split key of a suite whose answers come from a world (a database, a document set) that is built per
+    split: the world. A question text may then recur in every split (on other worlds, with other answers), and
+    the splits ask the same mix of questions. Keyed by the prompt, a template with few texts lands in a split
+    whole (sql-qa's "hired after {year}" has 18: 2 went to heldout, 1 to test, and the held-out split asked
+    what training never showed), and a world's few texts of a kind rarely pass a 10% filter, so the held-out
+    mix leaned to the kinds with many texts per world."""
+    return str(task.metadata["world"])
+
+
 def sample_in_split(n: int, split: str, make: Callable[[int, int], Task | None], *, per_world: int = 1,
-                    tries_per_world: int = 200) -> list[Task]:
-    """Build `n` tasks whose prompt hashes into `split`: `make(world, i)` proposes task number `i` from world
-    number `world` (drawing from its own seeded generator; it may return None to skip).
+                    tries_per_world: int = 200, split_key: Callable[[Task], str] | None = prompt_key) -> list[Task]:
+    """Build `n` tasks whose `split_key` (by default the prompt) hashes into `split`: `make(world, i)`
+    proposes task number `i` from world number `world` (drawing from its own seeded generator; it may return
+    None to skip). `split_key=None` keeps every proposal: for a caller whose worlds are built per split (their
+    keys name the split), so that each is in its split by construction (`world_key`).
 
     A world gives at most `per_world` tasks; no question comes twice (per `task.metadata["world"]`); after
     `tries_per_world` proposals without enough tasks the next world is used. Deterministic, and a longer list
@@ -70,7 +88,7 @@ def sample_in_split(n: int, split: str, make: Callable[[int, int], Task | None],
         if total > tries_per_world * (n + 10):
             raise RuntimeError(f"could not generate {n} {split} tasks; the task space is too small for these options")
         task = make(world, len(tasks))
-        if task is None or split_of(task.prompt) != split:
+        if task is None or (split_key is not None and split_of(split_key(task)) != split):
             continue
         key = f"{task.metadata.get('world', '')}\x1f{task.prompt}"
         if key in seen:  # no question twice in a list (in the same world, for suites with worlds)

@@ -26,6 +26,7 @@ from agentgrad.envs.tasks import (
     stable_int,
     stream_rng,
     verify_by_kind,
+    world_key,
 )
 from agentgrad.tools.base import ToolSet
 from agentgrad.tools.sql import make_sql_tool
@@ -168,6 +169,7 @@ def make_question(world: SqlWorld, kind: str, rng) -> tuple[str, str, str, str]:
 
 class SqlQASuite:
     name = "sql-qa"
+    split_key = staticmethod(world_key)  # few texts per question kind: split by world, not by prompt
 
     def __init__(self, **options: Any) -> None:
         self.options = SqlQAOptions(**options)
@@ -188,7 +190,8 @@ class SqlQASuite:
             return Task(task_id=f"sql-qa-{split}-{seed}-{i}", prompt=prompt, answer=answer, suite=self.name,
                         metadata={"world": key, "kind": kind, "verifier": verifier, "sql": query})
 
-        return sample_in_split(n, split, make, per_world=self.options.tasks_per_world)
+        return sample_in_split(n, split, make, per_world=self.options.tasks_per_world,
+                               split_key=None)  # each world is built for one split (its key names it)
 
     def expert_actions(self, task: Task) -> list[Action]:
         return [ToolCall("sql", {"query": task.metadata["sql"]}), FinalAnswer(task.answer)]
