@@ -202,6 +202,8 @@ def eval_cmd(
     else:
         typer.echo(f"{ckpt}: held-out success {result.success_rate:.1%} "
                    f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, {result.num_successes}/{result.num_tasks})")
+        if result.kinds_line():
+            typer.echo(result.kinds_line())
     if result.note:
         typer.secho(result.note, fg=typer.colors.YELLOW, err=True)
 

@@ -242,30 +242,50 @@ class RepeatingSuite:
         return self.inner.make_env()
 
 
+class SolvesKnown(ScriptedPolicy):
+    """Answers the tasks it is given, and a wrong number to the others."""
+
+    def __init__(self, codec, known: list[Task]) -> None:
+        super().__init__(codec, [])
+        self.known = {t.prompt: t for t in known}
+
+    def generate(self, prompts, sampling, logits_processor=None):
+        out = []
+        for ids in prompts:
+            text = self.codec.tokenizer.decode(ids)
+            known = next((t for p, t in self.known.items() if p in text), None)
+            reply = self.codec.encode(known.answer if known else "1") + [self.codec.eos_token_ids[0]]
+            out.append(Generation(tuple(reply), (0.0,) * len(reply), "stop"))
+        return out
+
+
 def test_eval_counts_distinct_tasks_and_says_when_fewer_than_asked(codec):
     from agentgrad.pipelines.evaluate import evaluate, wilson_interval
 
     suite = RepeatingSuite()
-    solved = {t.prompt: t for t in suite.pool[:7]}
-
-    class SolvesSeven(ScriptedPolicy):
-        """Answers the seven tasks it knows, and a wrong number to the others."""
-
-        def generate(self, prompts, sampling, logits_processor=None):
-            out = []
-            for ids in prompts:
-                text = self.codec.tokenizer.decode(ids)
-                known = next((t for p, t in solved.items() if p in text), None)
-                reply = self.codec.encode(known.answer if known else "1") + [self.codec.eos_token_ids[0]]
-                out.append(Generation(tuple(reply), (0.0,) * len(reply), "stop"))
-            return out
-
-    result = evaluate(SolvesSeven(codec, []), codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=200, seed=0)
+    seven = suite.pool[:7]
+    result = evaluate(SolvesKnown(codec, seven), codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=200,
+                      seed=0)
     assert result.num_tasks == 20 and result.requested_tasks == 200 and result.num_successes == 7
     assert (result.ci_low, result.ci_high) == wilson_interval(7, 20)
     assert result.success_rate == 7 / 20 and "only 20 distinct tasks of the 200 asked" in result.note
-    assert evaluate(SolvesSeven(codec, []), codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=10,
+    assert evaluate(SolvesKnown(codec, seven), codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=10,
                     seed=0).note is None
+    assert result.by_kind == {} and result.kinds_line() is None  # arithmetic's tasks name no kind
+
+
+def test_eval_counts_successes_per_task_kind(codec):
+    from agentgrad.pipelines.evaluate import evaluate
+
+    suite = RepeatingSuite()
+    # kinds by position: the 7 solved tasks are pool[:7]; "a" is pool[0:12], "b" pool[12:20]
+    suite.pool = [Task(t.task_id, t.prompt, t.answer, metadata={**t.metadata, "kind": "a" if i < 12 else "b"})
+                  for i, t in enumerate(suite.pool)]
+    policy = SolvesKnown(codec, suite.pool[:7] + suite.pool[12:13])
+    result = evaluate(policy, codec, suite, EpisodeLimits(), SamplerSettings(), num_tasks=20, seed=0)
+    assert result.num_successes == 8 and result.by_kind == {"a": (7, 12), "b": (1, 8)}
+    assert result.kinds_line() == "per kind: a 7/12, b 1/8"
+    assert result.to_dict()["by_kind"] == {"a": {"successes": 7, "tasks": 12}, "b": {"successes": 1, "tasks": 8}}
 
 
 # ---- BC on logged expert trajectories ---------------------------------------------------------------------

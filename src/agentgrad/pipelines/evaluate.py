@@ -3,6 +3,8 @@
 Tasks are counted by content (`Task.content_hash`), not by id: a suite whose held-out stream repeats problems
 (a game with few secrets) would otherwise report an interval over n = 200 episodes of 20 games, far too narrow.
 Each distinct task runs once; when the suite has fewer distinct tasks than asked, the result says so (`note`).
+Where tasks name their kind (`task.metadata["kind"]`, as the built-in suites do), the result counts successes per
+kind too: an overall rate hides a kind the policy never solves, or splits whose kinds differ.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class EvalResult:
     invalid_calls_per_episode: float
     stop_reasons: dict[str, int] = field(default_factory=dict)
     requested_tasks: int = 0  # eval.num_tasks (num_tasks is smaller when the suite has fewer distinct ones)
+    by_kind: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (successes, tasks)
 
     @property
     def note(self) -> str | None:
@@ -44,7 +47,14 @@ class EvalResult:
         return {"success_rate": self.success_rate, "ci95": [self.ci_low, self.ci_high], "num_tasks": self.num_tasks,
                 "requested_tasks": self.requested_tasks, "num_successes": self.num_successes,
                 "mean_turns": self.mean_turns, "invalid_calls_per_episode": self.invalid_calls_per_episode,
-                "stop_reasons": self.stop_reasons}
+                "stop_reasons": self.stop_reasons,
+                "by_kind": {k: {"successes": w, "tasks": n} for k, (w, n) in self.by_kind.items()}}
+
+    def kinds_line(self) -> str | None:
+        """"per kind: a 3/28, b 15/18, ..." (None when the tasks name no kind)."""
+        if not self.by_kind:
+            return None
+        return "per kind: " + ", ".join(f"{k} {w}/{n}" for k, (w, n) in self.by_kind.items())
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -101,11 +111,25 @@ def evaluate(policy: Policy, codec: ChatCodec, suite: TaskSuite, limits: Episode
                                          sampler=sampler, seeds=[seed] * len(chunk), on_episode_end=one_more)
         finally:
             close_envs(envs)
-    wins = sum(episode_success(suite, t) for t in trajectories)
+    successes = [episode_success(suite, t) for t in trajectories]
+    wins = sum(successes)
     low, high = wilson_interval(wins, len(tasks))
     n = max(len(trajectories), 1)
     return EvalResult(success_rate=wins / max(len(tasks), 1), ci_low=low, ci_high=high, num_tasks=len(tasks),
                       num_successes=wins, mean_turns=sum(len(t.turns) for t in trajectories) / n,
                       invalid_calls_per_episode=sum(t.num_invalid_calls for t in trajectories) / n,
                       stop_reasons=dict(Counter(t.stop_reason.value for t in trajectories)),
-                      requested_tasks=num_tasks)
+                      requested_tasks=num_tasks,
+                      by_kind=count_by_kind([t.task for t in trajectories], successes))
+
+
+def count_by_kind(tasks: Sequence[Task], successes: Sequence[bool]) -> dict[str, tuple[int, int]]:
+    """(successes, tasks) per `task.metadata["kind"]`, kinds sorted; empty when no task names a kind."""
+    counts: dict[str, list[int]] = {}
+    for task, ok in zip(tasks, successes, strict=True):
+        kind = task.metadata.get("kind")
+        if kind is not None:
+            c = counts.setdefault(str(kind), [0, 0])
+            c[0] += bool(ok)
+            c[1] += 1
+    return {k: (w, n) for k, (w, n) in sorted(counts.items())}

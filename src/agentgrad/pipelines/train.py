@@ -85,8 +85,9 @@ def train(config: Config, *, run_dir: Path | None = None, resume: bool = False) 
         logger.log(step, f"eval_{tag}", {"eval/success_rate": result.success_rate})
         display.print(f"held-out success after {label}: {result.success_rate:.1%} "
                       f"(95% CI {result.ci_low:.1%}-{result.ci_high:.1%}, n={result.num_tasks})")
-        if result.note:
-            display.print(result.note)
+        for line in (result.kinds_line(), result.note):
+            if line:
+                display.print(line)
         return dataclasses.replace(run, info=run.info.with_eval(tag, result.to_dict()))
 
     def on_stage_end(run: RunState, index: int, stage: StageConfig, steps: int) -> RunState:
