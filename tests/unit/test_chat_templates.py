@@ -155,3 +155,47 @@ def test_auto_swaps_qwen3s_own_template_for_the_variant_and_other_broken_templat
     path = str(DATA / OFFICIAL["qwen3"])  # named explicitly, the maker's template is not swapped: it fails
     with pytest.raises(ChatTemplateError, match=r"(?s)character 745 \(line 20, column 3\).*before:.*after:"):
         chat_codec(loaded(TEMPLATE_FAMILIES.get("tiny").template), ModelConfig(path="x", chat_template=path))
+
+
+NAMES = ["How many projects does the Lavul department have?", "SELECT COUNT(*) FROM d WHERE d.name = 'Lavul'",
+         "Log in as miaplaith (pin 8604).", '{"user": "miaplaith", "pin": "8604"}']
+
+
+def words(tok, text: str) -> list[str]:
+    """`text` as the pieces BPE then splits on its own (a piece is the same tokens wherever it occurs), readable."""
+    return [piece.replace("\u0120", " ") for piece, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+
+
+@pytest.mark.parametrize("word_spaces", ["attached", "split-before-capitals", "split"])
+def test_word_spaces_decide_whether_a_copied_name_is_the_same_tokens(tmp_path, word_spaces):
+    """A name is copied from a question into a tool call: split before capitals (or everywhere), it is the same
+    piece after a space as after a quote; GPT-2's attached space makes it another piece (" Lavul" vs "Lavul").
+    Lowercase names stay attached except with `split`. Every variant decodes to the exact text, saved and reloaded."""
+    from transformers import AutoTokenizer
+
+    train_tokenizer(NAMES * 10, vocab_size=300, word_spaces=word_spaces).save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    question, query, login, call = (words(tok, text) for text in NAMES)
+    assert ("Lavul" in question) == (word_spaces != "attached"), question
+    assert (" Lavul" in question) == (word_spaces == "attached"), question
+    assert "Lavul" in query, query
+    assert ("miaplaith" in login) == (word_spaces == "split"), login
+    assert "miaplaith" in call, call
+    for text in NAMES:
+        assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_the_run_builds_its_tokenizer_with_the_configured_word_spaces(tmp_path):
+    """`model.tiny.word_spaces` reaches the tokenizer saved beside the tiny model, and loading the model gives
+    that tokenizer back (transformers alone would swap in Qwen2's pre-tokenizer for a qwen2 model)."""
+    from agentgrad.config import build_config
+    from agentgrad.models.hf import load_model
+    from agentgrad.pipelines.components import build_tiny_model_dir, make_suite
+
+    for word_spaces in ("attached", "split-before-capitals"):
+        config = build_config(overrides=["env=sql-qa", f"model.tiny.word_spaces={word_spaces}",
+                                         "model.tiny.tokenizer_corpus_episodes=20", "model.tiny.hidden_size=16",
+                                         "model.tiny.intermediate_size=32", "model.tiny.num_layers=1"])
+        directory = build_tiny_model_dir(config, make_suite(config), tmp_path / word_spaces)
+        question = words(load_model(directory).tokenizer, NAMES[0])
+        assert ("Lavul" in question) == (word_spaces != "attached"), question

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad.models.chat_templates import TOOL_TAG_TOKENS
+from agentgrad.models.tiny import AS_TRAINED
 
 
 class ModelLoadError(RuntimeError):
@@ -44,6 +45,10 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu")
     path = str(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.init_kwargs.get(AS_TRAINED):  # a tiny model's: its own pre-tokenizer, not its family's
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except OSError as exc:
         raise ModelLoadError(f"could not load a model from {path!r}: {exc}") from exc

@@ -152,6 +152,7 @@ def build_tiny_model_dir(config: Config, suite: TaskSuite, directory: Path,
                                             None if family == "tiny" else fam.template, progress=progress, **extra)
     with display.track("tiny model: tokenizer, weights, save", len(TINY_BUILD_PHASES)) as progress:
         return save_tiny_model(directory, corpus, vocab_size=t.vocab_size, seed=config.run.seed, family=family,
+                               word_spaces=t.word_spaces,
                                hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                                num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
                                init_std=t.init_std, max_positions=t.max_positions, progress=progress)
