@@ -18,6 +18,7 @@ import agentgrad.envs.tasks.search_qa
 import agentgrad.envs.tasks.sql_qa  # noqa: F401
 from agentgrad.answers import normalized_match, numeric_match, parse_number
 from agentgrad.envs import SUITES, TaskSuite, check_env
+from agentgrad.envs.base import split_key_of
 from agentgrad.envs.tasks import split_of
 from agentgrad.envs.tasks.jsonl import load_jsonl_tasks
 from agentgrad.types import FinalAnswer, InvalidAction, Task, ToolCall
@@ -133,7 +134,7 @@ def test_splits_are_disjoint(suites, name):
     suite = suites[name]
     n = 5 if name == "jsonl" else 30
     by_split = {s: suite.sample_tasks(n, split=s, seed=0) for s in ("train", "heldout", "test")}
-    split_key = getattr(suite, "split_key", lambda task: task.prompt)  # sql-qa: the world
+    split_key = split_key_of(suite)  # sql-qa: the world
     ids = {s: {t.task_id for t in ts} for s, ts in by_split.items()}
     keys = {s: {split_key(t) for t in ts} for s, ts in by_split.items()}
     for a, b in (("train", "heldout"), ("train", "test"), ("heldout", "test")):

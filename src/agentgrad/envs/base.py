@@ -6,7 +6,7 @@ Environments see actions and text, never tokens or groups. They are deterministi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -85,8 +85,8 @@ class TaskSuite(Protocol):
     `info["success"]` when it ended the episode, for games that need no answer step; "both": both must hold),
     `config_defaults` (a mapping of config sections the suite needs to differ from the defaults, e.g.
     `{"rollout": {"max_turns": 8}}`, applied under the preset and overrides), `split_key(task) -> str` (what
-    no two splits may share; the prompt by default, world and prompt where each split has its own worlds), and
-    `close()`.
+    no two splits may share: the prompt by default, the world where each split has its own worlds; read it with
+    `split_key_of`), and `close()`.
     """
 
     name: str
@@ -229,6 +229,16 @@ class SuiteCheckError(AssertionError):
     pass
 
 
+def prompt_key(task: Task) -> str:
+    """The default split key: the prompt, so no question text is shared between splits."""
+    return task.prompt
+
+
+def split_key_of(suite: Any) -> Callable[[Task], str]:
+    """What `suite`'s splits may not share: its `split_key`, or the prompt."""
+    return getattr(suite, "split_key", None) or prompt_key
+
+
 def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) -> dict[str, Any]:
     """Check a task suite before training on it: what `tests/unit/test_suites.py` asserts of the built-ins.
 
@@ -259,7 +269,7 @@ def check_suite(suite: Any, *, n: int = 20, seed: int = 0, env_checks: int = 2) 
     if not splits["train"]:
         raise SuiteCheckError("the train split is empty")
     hashes = {s: {t.content_hash() for t in ts} for s, ts in splits.items()}
-    split_key = getattr(suite, "split_key", None) or (lambda task: task.prompt)
+    split_key = split_key_of(suite)
     keys = {s: {split_key(t) for t in ts} for s, ts in splits.items()}
     for a, b in (("train", "heldout"), ("train", "test"), ("heldout", "test")):
         if hashes[a] & hashes[b]:

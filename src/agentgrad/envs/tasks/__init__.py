@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentgrad.answers import MATCHERS
+from agentgrad.envs.base import prompt_key
 from agentgrad.envs.tool_env import ToolEnv
 from agentgrad.tools.base import ToolSet
 from agentgrad.types import Task
@@ -49,11 +50,6 @@ def split_of(key: str) -> str:
 def stream_rng(suite: str, split: str, seed: int, *extra: Any) -> random.Random:
     """The generator of one (suite, split, seed) stream. Seeded explicitly: no global random state."""
     return random.Random(stable_int(suite, check_split(split), int(seed), *extra))
-
-
-def prompt_key(task: Task) -> str:
-    """The default split key: the prompt, so no question text is shared between splits."""
-    return task.prompt
 
 
 def world_key(task: Task) -> str:
