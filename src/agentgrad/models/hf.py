@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,21 +35,24 @@ def _check_template(tokenizer: Any, path: str) -> None:
         raise ModelLoadError(f"{path}: the chat template does not render tool schemas")
 
 
+def _loads_as_trained(path: str) -> bool:
+    """A tiny model's tokenizer (marked `AS_TRAINED`; always a local directory): it loads with its own
+    pre-tokenizer, not the one transformers gives its model family."""
+    config = Path(path) / "tokenizer_config.json"
+    return config.is_file() and bool(json.loads(config.read_text(encoding="utf-8")).get(AS_TRAINED))
+
+
 def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
     """Load with AutoModelForCausalLM/AutoTokenizer, check the template renders tools, and resolve stop ids.
 
     Stop ids: the tokenizer's eos plus `<|im_end|>` when the vocabulary has it (Qwen's chat end-of-turn).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     path = str(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if tokenizer.init_kwargs.get(AS_TRAINED):  # a tiny model's: its own pre-tokenizer, not its family's
-            from transformers import PreTrainedTokenizerFast
-
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        tokenizer = (PreTrainedTokenizerFast if _loads_as_trained(path) else AutoTokenizer).from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except OSError as exc:
         raise ModelLoadError(f"could not load a model from {path!r}: {exc}") from exc
