@@ -217,6 +217,11 @@ class BCConfig(Section):
     eval_every: int = Field(2, gt=0, description="Steps between validation checks when stop_at_success is set, "
                             "until a check sees any success; from then on every step (BC's phase change takes the "
                             "tiny model from 0% to 80% validation success within ~10 steps).")
+    dense_checks_from: float = Field(0.0, ge=0, le=1, description="Check every step (instead of every "
+                                     "eval_every) only once the best smoothed check reaches this; 0: from the "
+                                     "first success. Where success trickles in over hundreds of steps "
+                                     "(api-catalog), checking every step from the first 1% costs most of BC's "
+                                     "time; half of stop_at_success keeps the checks dense where the rule stops.")
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
     probe_tasks: int | None = Field(None, gt=0, description="Until a check sees any success: check this many "
                                     "tasks first, and run the full eval_tasks check only when they show a "

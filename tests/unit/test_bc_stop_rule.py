@@ -76,6 +76,18 @@ def test_checks_every_eval_every_steps_then_every_step_once_any_succeeds(monkeyp
     assert any("BC stopped at step 13" in line for line in printed)
 
 
+def test_dense_checks_wait_for_dense_checks_from_while_the_lr_slows_at_the_first_success(monkeypatch):
+    # Success trickles in: 1% a step from step 10 (api-catalog's slow phase change).
+    script = lambda step: max(0.0, (step - 9) * 0.01)  # noqa: E731
+    steps, checked, _, _, c = _run(monkeypatch, script, "bc.steps=100", "bc.eval_every=10",
+                                   "bc.stop_at_success=0.3", "bc.stop_window=2", "bc.dense_checks_from=0.15",
+                                   "bc.lr_scale_near_target=0.5")
+    # every 10 steps while the best smoothed check is below 0.15: 10 (0.01), 20 (0.11 -> mean 0.06), 30 (0.21 ->
+    # mean 0.16 >= 0.15), then every step: 31 (0.22 -> 0.215) ... 39 (0.30 -> 0.295), 40 (0.31 -> 0.305) stops
+    assert checked == [10, 20, *range(30, 41)] and steps == 40
+    assert c.lr_scales == [1.0] * 10 + [0.5] * 30  # the lr still slows from the first success (step 10)
+
+
 def test_a_bc_that_never_gets_there_hands_on_its_best_check_and_warns_at_half_budget(monkeypatch):
     script = lambda step: {10: 0.1, 11: 0.1, 12: 0.0}.get(step, 0.0)  # noqa: E731
     steps, checked, _, printed, c = _run(monkeypatch, script, "bc.steps=20", "bc.eval_every=5",

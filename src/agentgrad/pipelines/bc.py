@@ -185,15 +185,16 @@ def start_bc(c: Components, logger: RunLogger, first_step: int = 0, saved: Mappi
 
 def bc_iteration(c: Components, logger: RunLogger, store: TrajectoryStore | None, state: BCState,
                  step: int) -> dict[str, float]:
-    """One BC step, then (every bc.eval_every steps, or every step once the phase change has begun) a validation
-    check for the stop rule."""
+    """One BC step, then (every bc.eval_every steps, or every step once the phase change has begun: any success,
+    or bc.dense_checks_from) a validation check for the stop rule."""
     cfg = c.config.bc
     rule = state.rule
-    near = rule is not None and rule.best > 0  # the phase change has begun: check every step, slow down
+    near = rule is not None and rule.best > 0  # the phase change has begun: slow down
+    dense = near and rule.best >= cfg.dense_checks_from  # type: ignore[union-attr]
     t0 = time.perf_counter()
     metrics = bc_step(c, state.demos, state.rng, step, lr_scale=cfg.lr_scale_near_target if near else 1.0)
     metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
-    if rule is not None and (step + 1) % (1 if near else cfg.eval_every) == 0:
+    if rule is not None and (step + 1) % (1 if dense else cfg.eval_every) == 0:
         t0 = time.perf_counter()
         metrics["eval/bc_validation_success"] = checked_success(c, probe=not near)
         metrics["perf/validation_s"] = time.perf_counter() - t0
