@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from agentgrad.config import build_config
+from agentgrad.config import build_config, list_presets
 from agentgrad.data.store import TrajectoryStore
 from agentgrad.pipelines.train import train
 
@@ -19,6 +19,9 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_
 BUDGET = ["bc.steps=2", "bc.batch_size_episodes=4", "bc.num_demos=8", "bc.stop_at_success=null",
           "algo.steps=1", "algo.tasks_per_step=2", "algo.group_size=2", "algo.epochs_per_step=1",
           "eval.num_tasks=2", "run.progress=false", "run.threads=1"]
+
+
+CACHED = ("sql-qa", "multi-tool")  # suites that build databases: under the test's tmp dir, not the user's cache
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,7 @@ def jsonl_path(tmp_path_factory):
 
 @pytest.mark.parametrize("suite", ["search-qa", "sql-qa", "code", "multi-tool", "api-catalog", "jsonl"])
 def test_train_runs_on_every_suite(suite, tmp_path, jsonl_path):
-    options = {"sql-qa": f"{{cache_dir: {tmp_path}}}", "multi-tool": f"{{cache_dir: {tmp_path}}}",
-               "jsonl": f"{{path: {jsonl_path}}}"}.get(suite)
+    options = f"{{cache_dir: {tmp_path}}}" if suite in CACHED else {"jsonl": f"{{path: {jsonl_path}}}"}.get(suite)
     config = build_config(overrides=[f"env={suite}", *([f"env.options={options}"] if options else []), *TINY, *BUDGET,
                                      f"run.output_dir={tmp_path}", "run.name=run"])
     summary = train(config)
@@ -54,3 +56,17 @@ def test_bc_that_misses_its_target_says_so(tmp_path, capsys):
     train(build_config(overrides=[*TINY, *budget, "bc.stop_at_success=1.0", "bc.eval_every=1", "bc.eval_tasks=2",
                                   f"run.output_dir={tmp_path}", "run.name=run"]))
     assert "BC used all 2 steps without reaching validation success 100%" in capsys.readouterr().err
+
+
+CPU_PRESETS = [name for name in list_presets() if not name.endswith("-gpu")]
+
+
+@pytest.mark.parametrize("preset", CPU_PRESETS)
+def test_every_cpu_preset_runs_end_to_end(preset, tmp_path):
+    """A shipped preset is a whole run (its suite, tokenizer, stages): shrunk to a few steps, it must finish."""
+    cache = [f"env.options={{cache_dir: {tmp_path}}}"] if build_config(preset).env.name in CACHED else []
+    config = build_config(preset, overrides=[*TINY, *BUDGET, *cache, f"run.output_dir={tmp_path}", "run.name=run"])
+    summary = train(config)
+    assert summary["bc_steps"] == 2 and summary["rl_steps"] >= 1  # ReST counts its own iterations
+    stages = {json.loads(line)["stage"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()}
+    assert {"bc", config.algo.name, "eval_bc", "eval_final"} <= stages
