@@ -215,8 +215,8 @@ class BCConfig(Section):
                                           "validation tasks (the suite's 'test' split, never the held-out one) "
                                           "reaches this; None trains all bc.steps.")
     eval_every: int = Field(2, gt=0, description="Steps between validation checks when stop_at_success is set, "
-                            "until a check sees any success; from then on every step (BC's phase change takes the "
-                            "tiny model from 0% to 80% validation success within ~10 steps).")
+                            "until a check sees any success (or bc.dense_checks_from); from then on every step (BC's "
+                            "phase change takes the tiny model from 0% to 80% validation success within ~10 steps).")
     dense_checks_from: float = Field(0.0, ge=0, le=1, description="Check every step (instead of every "
                                      "eval_every) only once the best smoothed check reaches this; 0: from the "
                                      "first success. Where success trickles in over hundreds of steps "

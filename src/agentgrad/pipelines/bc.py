@@ -189,8 +189,9 @@ def bc_iteration(c: Components, logger: RunLogger, store: TrajectoryStore | None
     or bc.dense_checks_from) a validation check for the stop rule."""
     cfg = c.config.bc
     rule = state.rule
-    near = rule is not None and rule.best > 0  # the phase change has begun: slow down
-    dense = near and rule.best >= cfg.dense_checks_from  # type: ignore[union-attr]
+    best = rule.best if rule is not None else 0.0
+    near = best > 0  # the phase change has begun: slow down
+    dense = near and best >= cfg.dense_checks_from
     t0 = time.perf_counter()
     metrics = bc_step(c, state.demos, state.rng, step, lr_scale=cfg.lr_scale_near_target if near else 1.0)
     metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
