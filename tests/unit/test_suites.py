@@ -15,7 +15,7 @@ import agentgrad.envs.tasks.code
 import agentgrad.envs.tasks.jsonl
 import agentgrad.envs.tasks.multi_tool
 import agentgrad.envs.tasks.search_qa
-import agentgrad.envs.tasks.sql_qa  # noqa: F401
+import agentgrad.envs.tasks.sql_qa
 from agentgrad.answers import normalized_match, numeric_match, parse_number
 from agentgrad.envs import SUITES, TaskSuite, check_env
 from agentgrad.envs.base import split_key_of
@@ -265,6 +265,24 @@ def test_suite_options_are_validated():
         SUITES.get("code")(kinds=["nope"])
     with pytest.raises(ValueError):
         SUITES.get("api-catalog")(schemas="some")
+
+
+def test_api_catalog_prompt_lists_every_schema_or_none_and_each_env_keeps_its_own_login():
+    """The schemas, masks and specs are built once and shared by every episode's env; the login state is not."""
+    specs = agentgrad.envs.tasks.api_catalog.catalog()
+    task = next(t for t in SUITES.get("api-catalog")().sample_tasks(40, split="train", seed=0)
+                if t.metadata["kind"] == "auth_single")
+    listed = SUITES.get("api-catalog")(schemas="all").make_env().reset(options={"task": task})[1]["tools"]
+    assert [s["function"]["name"] for s in listed] == [s.name for s in specs]
+    assert listed[0]["function"]["parameters"]["required"] == ["user", "pin"]  # auth.login
+    suite = SUITES.get("api-catalog")(schemas="none")
+    first, second = suite.make_env(), suite.make_env()
+    assert first.reset(options={"task": task})[1]["tools"] == []
+    second.reset(options={"task": task})
+    login, lookup = (ToolCall(name, dict(args)) for name, args in task.metadata["calls"])
+    assert first.step(login)[0] == f"logged in as {task.metadata['user']}"
+    assert lookup.name in first.legal_actions().tools and lookup.name not in second.legal_actions().tools
+    assert second.step(lookup)[0].startswith("error (denied)")
 
 
 def test_sandbox_pool_is_lazy_and_closed():

@@ -50,8 +50,15 @@ class StoreCorruptError(RuntimeError):
     """A record before the last one does not parse: not a torn write, so it is not repaired silently."""
 
 
+_PLAIN = (int, float, str, bool, type(None))
+
+
 def to_json(obj: Any) -> Any:
     """A record (frozen dataclass tree) as JSON-able data; dataclasses carry `__type__` so they decode typed."""
+    if type(obj) in _PLAIN:
+        return obj
+    if isinstance(obj, (list, tuple)) and all(type(x) in _PLAIN for x in obj):
+        return list(obj)  # token ids and logprobs: one pass, not a call per element (a step's episodes: ~1 s)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         out["__type__"] = type(obj).__name__

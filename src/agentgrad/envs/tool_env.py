@@ -48,7 +48,12 @@ class ToolEnv:
         self._task = task
         self._done = False
         self.history = []
-        return task.prompt, {"tools": self.tools.schemas(), "system": self.system_prompt, "task_id": task.task_id}
+        return task.prompt, {"tools": self.prompt_schemas(), "system": self.system_prompt, "task_id": task.task_id}
+
+    def prompt_schemas(self) -> list[dict[str, Any]]:
+        """The tool schemas the prompt lists (`info["tools"]` after reset): every tool's, unless a suite lists
+        fewer."""
+        return self.tools.schemas()
 
     def close(self) -> None:
         """Nothing to release: the tools belong to the suite (shared by its envs), which closes them."""
