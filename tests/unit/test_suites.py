@@ -268,7 +268,8 @@ def test_suite_options_are_validated():
 
 
 def test_api_catalog_prompt_lists_every_schema_or_none_and_each_env_keeps_its_own_login():
-    """The schemas, masks and specs are built once and shared by every episode's env; the login state is not."""
+    """The specs' schemas and the login masks are built once and shared by every episode's env; the login state is
+    not."""
     specs = agentgrad.envs.tasks.api_catalog.catalog()
     task = next(t for t in SUITES.get("api-catalog")().sample_tasks(40, split="train", seed=0)
                 if t.metadata["kind"] == "auth_single")
