@@ -215,13 +215,19 @@ class BCConfig(Section):
                                           "validation tasks (the suite's 'test' split, never the held-out one) "
                                           "reaches this; None trains all bc.steps.")
     eval_every: int = Field(2, gt=0, description="Steps between validation checks when stop_at_success is set, "
-                            "until a check sees any success (or bc.dense_checks_from); from then on every step (BC's "
-                            "phase change takes the tiny model from 0% to 80% validation success within ~10 steps).")
-    dense_checks_from: float = Field(0.0, ge=0, le=1, description="Check every step (instead of every "
-                                     "eval_every) only once the best smoothed check reaches this; 0: from the "
-                                     "first success. Where success trickles in over hundreds of steps "
-                                     "(api-catalog), checking every step from the first 1% costs most of BC's "
-                                     "time; half of stop_at_success keeps the checks dense where the rule stops.")
+                            "until a check sees any success (or bc.dense_checks_from); from then on every "
+                            "bc.dense_eval_every steps (BC's phase change takes the tiny model from 0% to 80% "
+                            "validation success within ~10 steps).")
+    dense_checks_from: float = Field(0.0, ge=0, le=1, description="Check every bc.dense_eval_every steps "
+                                     "(instead of every eval_every) only once the best smoothed check reaches "
+                                     "this; 0: from the first success. Where success trickles in over hundreds of "
+                                     "steps (api-catalog), checking every step from the first 1% costs most of "
+                                     "BC's time; half of stop_at_success keeps the checks dense where the rule "
+                                     "stops.")
+    dense_eval_every: int = Field(1, gt=0, description="Steps between validation checks once they are dense "
+                                  "(bc.dense_checks_from). 1: every step; where validation success hovers below "
+                                  "the target for hundreds of steps (api-catalog), a few steps apart costs a "
+                                  "fraction and stops at most that many steps late.")
     eval_tasks: int = Field(48, gt=0, description="Validation tasks per check.")
     probe_tasks: int | None = Field(None, gt=0, description="Until a check sees any success: check this many "
                                     "tasks first, and run the full eval_tasks check only when they show a "

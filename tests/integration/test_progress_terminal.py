@@ -59,7 +59,7 @@ def test_the_cli_shows_progress_on_a_terminal_only(tmp_path):
     assert "expert episodes" not in stderr and "300/300" not in stderr
 
 
-TRAIN = ["train", "bc.steps=3", "bc.stop_at_success=null", "algo.steps=1", "algo.tasks_per_step=2",
+TRAIN = ["train", "bc.steps=3", "bc.num_demos=32", "bc.stop_at_success=null", "algo.steps=1", "algo.tasks_per_step=2",
          "algo.group_size=2", "algo.epochs_per_step=1", "eval.num_tasks=12", "model.tiny.tokenizer_corpus_episodes=50"]
 STEPS = ("tiny model: tokenizer corpus", "tiny model: tokenizer, weights, save", "loading model",
          "expert demonstrations", "bc", "held-out eval", "grpo")

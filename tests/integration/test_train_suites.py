@@ -59,13 +59,18 @@ def test_bc_that_misses_its_target_says_so(tmp_path, capsys):
 
 
 CPU_PRESETS = [name for name in list_presets() if not name.endswith("-gpu")]
+# one Grow of 2 tasks x 2 samples and one Improve step: at its defaults (512 x 8 episodes) ReST's first Grow was
+# most of the suite's longest preset case (code-cpu, ~50 s of sandboxed Python)
+REST_BUDGET = ["rest.iterations=1", "rest.tasks_per_iteration=2", "rest.samples_per_task=2", "rest.sft_steps=1",
+               "rest.batch_size_episodes=2"]
 
 
 @pytest.mark.parametrize("preset", CPU_PRESETS)
 def test_every_cpu_preset_runs_end_to_end(preset, tmp_path):
     """A shipped preset is a whole run (its suite, tokenizer, stages): shrunk to a few steps, it must finish."""
     cache = [f"env.options={{cache_dir: {tmp_path}}}"] if build_config(preset).env.name in CACHED else []
-    config = build_config(preset, overrides=[*TINY, *BUDGET, *cache, f"run.output_dir={tmp_path}", "run.name=run"])
+    config = build_config(preset, overrides=[*TINY, *BUDGET, *REST_BUDGET, *cache, f"run.output_dir={tmp_path}",
+                                             "run.name=run"])
     summary = train(config)
     assert summary["bc_steps"] == 2 and summary["rl_steps"] >= 1  # ReST counts its own iterations
     stages = {json.loads(line)["stage"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()}

@@ -88,6 +88,17 @@ def test_dense_checks_wait_for_dense_checks_from_while_the_lr_slows_at_the_first
     assert c.lr_scales == [1.0] * 10 + [0.5] * 30  # the lr still slows from the first success (step 10)
 
 
+def test_dense_checks_come_every_dense_eval_every_steps(monkeypatch):
+    # The trickle above, checked every 4 steps once dense.
+    script = lambda step: max(0.0, (step - 9) * 0.01)  # noqa: E731
+    steps, checked, _, _, _ = _run(monkeypatch, script, "bc.steps=100", "bc.eval_every=10",
+                                   "bc.stop_at_success=0.3", "bc.stop_window=2", "bc.dense_checks_from=0.15",
+                                   "bc.dense_eval_every=4")
+    # 10, 20, 30 as above (the mean reaches 0.16 at 30), then 32 (0.23 -> 0.22), 36 (0.27 -> 0.25), 40 (0.31 ->
+    # 0.29), 44 (0.35 -> 0.33) stops: four steps later than checking every step (40 above)
+    assert checked == [10, 20, 30, 32, 36, 40, 44] and steps == 44
+
+
 def test_a_bc_that_never_gets_there_hands_on_its_best_check_and_warns_at_half_budget(monkeypatch):
     script = lambda step: {10: 0.1, 11: 0.1, 12: 0.0}.get(step, 0.0)  # noqa: E731
     steps, checked, _, printed, c = _run(monkeypatch, script, "bc.steps=20", "bc.eval_every=5",

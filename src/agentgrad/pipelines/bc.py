@@ -185,8 +185,8 @@ def start_bc(c: Components, logger: RunLogger, first_step: int = 0, saved: Mappi
 
 def bc_iteration(c: Components, logger: RunLogger, store: TrajectoryStore | None, state: BCState,
                  step: int) -> dict[str, float]:
-    """One BC step, then (every bc.eval_every steps, or every step once the phase change has begun: any success,
-    or bc.dense_checks_from) a validation check for the stop rule."""
+    """One BC step, then (every bc.eval_every steps, or every bc.dense_eval_every steps once the phase change has
+    begun: any success, or bc.dense_checks_from) a validation check for the stop rule."""
     cfg = c.config.bc
     rule = state.rule
     best = rule.best if rule is not None else 0.0
@@ -195,7 +195,7 @@ def bc_iteration(c: Components, logger: RunLogger, store: TrajectoryStore | None
     t0 = time.perf_counter()
     metrics = bc_step(c, state.demos, state.rng, step, lr_scale=cfg.lr_scale_near_target if near else 1.0)
     metrics["perf/tokens_per_s"] = metrics["perf/policy_tokens"] / (time.perf_counter() - t0)
-    if rule is not None and (step + 1) % (1 if dense else cfg.eval_every) == 0:
+    if rule is not None and (step + 1) % (cfg.dense_eval_every if dense else cfg.eval_every) == 0:
         t0 = time.perf_counter()
         metrics["eval/bc_validation_success"] = checked_success(c, probe=not near)
         metrics["perf/validation_s"] = time.perf_counter() - t0
