@@ -175,7 +175,8 @@ def test_config_validation_and_from_dict():
     with pytest.raises(ValueError, match="dedup"):
         ProcessRewardConfig(dedup="episode")
     cfg = ProcessRewardConfig.from_dict({"facts": {"search_results": 0.05, "sql_valid": 0}, "cap": 0.3})
-    assert [(f.name, f.reward) for f in cfg.facts] == [("search_results", 0.05), ("code_exit_zero", 0.2)]
+    assert [(f.name, f.reward) for f in cfg.facts] == [("search_results", 0.05), ("code_exit_zero", 0.2),
+                                                       ("known_entity", 0.1), ("logged_in", 0.1)]
     custom = ProcessRewardConfig.from_dict(
         {"facts": [{"name": "opened", "reward": 0.05, "signal": "found", "op": "truthy", "tools": ["open"]}]})
     assert custom.facts == (Fact("opened", 0.05, signal="found", op="truthy", tools=("open",)),)
@@ -200,7 +201,8 @@ def test_registered_factories():
                          outcome={"name": "verifier", "verifier": "numeric", "abs_tol": 1e-6})
     outcome_fn, proc = shaped.components[0][0], shaped.components[1][0]
     assert isinstance(outcome_fn, VerifierReward) and proc.config.cap == 0.3
-    assert [(f.name, f.reward) for f in proc.config.facts] == [("search_results", 0.05), ("code_exit_zero", 0.2)]
+    assert [(f.name, f.reward) for f in proc.config.facts] == [("search_results", 0.05), ("code_exit_zero", 0.2),
+                                                               ("known_entity", 0.1), ("logged_in", 0.1)]
     assert isinstance(load_reward("shaped", suite, outcome="verifier").components[0][0], VerifierReward)
     with pytest.raises(ValueError, match="needs a `name`"):
         load_reward("shaped", suite, outcome={"verifier": "numeric"})

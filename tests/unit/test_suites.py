@@ -21,6 +21,8 @@ from agentgrad.envs import SUITES, TaskSuite, check_env
 from agentgrad.envs.base import split_key_of
 from agentgrad.envs.tasks import split_of
 from agentgrad.envs.tasks.jsonl import load_jsonl_tasks
+from agentgrad.rewards import KNOWN_ENTITY, LOGGED_IN, process_reward
+from agentgrad.rewards.testing import answer_turn, make_trajectory, tool_turn
 from agentgrad.types import FinalAnswer, InvalidAction, Task, ToolCall
 
 SANDBOX_SUITES = {"code", "multi-tool"}  # python tool: keep the number of sandbox calls small
@@ -284,6 +286,30 @@ def test_api_catalog_prompt_lists_every_schema_or_none_and_each_env_keeps_its_ow
     assert first.step(login)[0] == f"logged in as {task.metadata['user']}"
     assert lookup.name in first.legal_actions().tools and lookup.name not in second.legal_actions().tools
     assert second.step(lookup)[0].startswith("error (denied)")
+
+
+def test_api_catalog_says_whether_a_lookup_names_something_in_its_world_and_the_shaped_reward_pays_for_it():
+    """A miscopied name still gets an answer (a hash of it), so only the `known_entity` signal tells it apart."""
+    task = next(t for t in SUITES.get("api-catalog")().sample_tasks(40, split="train", seed=0)
+                if t.metadata["kind"] == "auth_chain")
+    login, link, weather = (ToolCall(name, dict(args)) for name, args in task.metadata["calls"])
+    (param, name), = link.arguments.items()
+    miscopied = [login, ToolCall(link.name, {param: name[:-1] + "q"}), ToolCall(weather.name, {"city": "Nowhere"})]
+
+    def run(calls):
+        env = SUITES.get("api-catalog")().make_env()
+        env.reset(options={"task": task})
+        steps = [(call, env.step(call)) for call in calls]
+        return make_trajectory([tool_turn(c.name, c.arguments, observation=obs, **info["signals"])
+                                for c, (obs, _, _, _, info) in steps] + [answer_turn(task.answer)])
+
+    expert, wrong = run([login, link, weather]), run(miscopied)
+    assert [t.signals.get("known_entity") for t in expert.turns[:3]] == [None, True, True]
+    assert [t.signals.get("known_entity") for t in wrong.turns[:3]] == [None, False, False]
+    assert not any(t.observation.startswith("error") for t in wrong.turns[:3])
+    shaping = process_reward(facts=[KNOWN_ENTITY, LOGGED_IN], dedup="call", cap=0.3)
+    assert shaping.per_turn(expert) == pytest.approx((0.1, 0.1, 0.1, 0.0))
+    assert shaping.per_turn(wrong) == pytest.approx((0.1, 0.0, 0.0, 0.0))
 
 
 def test_sandbox_pool_is_lazy_and_closed():

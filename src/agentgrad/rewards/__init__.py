@@ -69,6 +69,8 @@ from agentgrad.rewards.metrics import reward_metrics
 from agentgrad.rewards.process import (
                                     CODE_EXIT_ZERO,
                                     DEFAULT_FACTS,
+                                    KNOWN_ENTITY,
+                                    LOGGED_IN,
                                     SEARCH_RESULTS,
                                     SQL_VALID,
                                     Fact,
@@ -105,6 +107,7 @@ __all__ = [
     "normalize_text", "parse_number", "split_items", "get_verifier",
     "Fact", "ProcessRewardConfig", "ProcessReward", "process_reward", "shaped_reward", "fact_bonuses",
     "dead_loop_penalties", "repeated_call_turns", "DEFAULT_FACTS", "SEARCH_RESULTS", "CODE_EXIT_ZERO", "SQL_VALID",
+    "KNOWN_ENTITY", "LOGGED_IN",
     "JudgeBackend", "OpenAIChatBackend", "CallableBackend", "HFChatBackend", "JudgeBackendError", "Rubric", "RUBRICS",
     "PASS_FAIL",
     "SCORE", "Judge", "JudgeInput", "JudgeVerdict", "JudgeReward", "VerdictCache", "judge_reward", "judge_input",

@@ -90,14 +90,16 @@ class Fact:
 SEARCH_RESULTS = Fact("search_results", 0.1, signal="results", op=">=", value=1)
 CODE_EXIT_ZERO = Fact("code_exit_zero", 0.2, signal="exit_code", op="==", value=0)
 SQL_VALID = Fact("sql_valid", 0.1, tools=("sql",))
-DEFAULT_FACTS: tuple[Fact, ...] = (SEARCH_RESULTS, CODE_EXIT_ZERO, SQL_VALID)
+KNOWN_ENTITY = Fact("known_entity", 0.1, signal="known_entity", op="truthy")  # api-catalog: a name copied right
+LOGGED_IN = Fact("logged_in", 0.1, signal="logged_in", op="truthy", tools=("auth.login",))
+DEFAULT_FACTS: tuple[Fact, ...] = (SEARCH_RESULTS, CODE_EXIT_ZERO, SQL_VALID, KNOWN_ENTITY, LOGGED_IN)
 
 
 @dataclass(frozen=True)
 class ProcessRewardConfig:
-    """The shaping table. Defaults: search with >= 1 result +0.1, code with exit code 0 +0.2, valid SQL +0.1,
-    task complete +1.0; bonuses capped at 0.5 per episode, each fact paid once per episode; the 2nd and later
-    identical call of an episode costs 0.1 each.
+    """The shaping table. Defaults: search with >= 1 result +0.1, code with exit code 0 +0.2, valid SQL +0.1, an
+    API lookup of something that exists +0.1, a successful login +0.1, task complete +1.0; bonuses capped at 0.5
+    per episode, each fact paid once per episode; the 2nd and later identical call of an episode costs 0.1 each.
 
     - `facts`: the verifiable facts and their bonuses.
     - `task_complete`: the outcome reward for a solved task (used by `shaped_reward`); `cap` must be below it.

@@ -5,7 +5,9 @@ learn it; what the APIs answer is generated per task world (a stable hash of wor
 answers cannot be memorised. Six categories (bank, calendar, mail, fitness, contacts, files) need a successful
 `auth.login(user, pin)` first: until then `legal_actions()` leaves them out of the mask, and a call that still
 arrives gets a typed `error (denied): ...` observation. Tasks need 1-3 calls: one lookup; login then a lookup;
-a lookup whose answer (a city) feeds a weather lookup; or login, such a lookup, then weather.
+a lookup whose answer (a city) feeds a weather lookup; or login, such a lookup, then weather. Any argument gets
+an answer, but a lookup's `known_entity` signal says whether it named something in the task's world, a fact the
+`known_entity` process reward pays for.
 """
 
 from __future__ import annotations
@@ -122,15 +124,27 @@ def world_cities(world: str) -> tuple[str, ...]:
     return tuple(NameMaker(random.Random(stable_int("api-world", world))).word() for _ in range(6))
 
 
+def _normal(arg: str) -> str:
+    return " ".join(arg.lower().split())
+
+
 def api_value(world: str, spec: ApiSpec, arg: str) -> str:
     """What `spec` answers for `arg` in `world`: a pure function of the three (argument case and spaces ignored)."""
-    h = stable_int("api", world, spec.name, " ".join(arg.lower().split()))
+    h = stable_int("api", world, spec.name, _normal(arg))
     if spec.kind == "city":
         cities = world_cities(world)
         return cities[h % len(cities)]
     if spec.kind == "word":
         return fictional_word(random.Random(h), 2)
     return str(spec.lo + h % (spec.hi - spec.lo + 1))
+
+
+def _known_entities(task: Task) -> frozenset[str]:
+    """What exists in a task's world: the entities its expert calls name (the one in the question, the city a
+    chain's first lookup yields) and the world's cities."""
+    named = (v for name, args in task.metadata["calls"] if not name.startswith(f"{AUTH_CATEGORY}.")
+             for v in args.values())
+    return frozenset(_normal(v) for v in (*named, *world_cities(task.metadata["world"])))
 
 
 class ApiTool:
@@ -228,7 +242,10 @@ class ApiCatalogEnv(ToolEnv):
         if len(arg) > 100:
             return ToolResult.error(ToolErrorKind.BAD_ARGUMENTS, f"{spec.param} longer than 100 characters")
         value = api_value(task.metadata["world"], spec, arg)
-        return ToolResult(f"{spec.attr}: {value}", signals={"api": spec.name})
+        # any argument gets an answer (a miscopied name is not an error), but whether it names something in this
+        # world is a verifiable fact: a process reward can pay for copying names right (`known_entity`)
+        return ToolResult(f"{spec.attr}: {value}", signals={"api": spec.name,
+                                                            "known_entity": _normal(arg) in _known_entities(task)})
 
 
 # ---- tasks ----------------------------------------------------------------------------------------------------
