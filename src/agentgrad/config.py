@@ -39,6 +39,7 @@ from agentgrad.config_sections import (
     SinkName,  # noqa: F401 (re-exported: the config accepts these sink names)
     TinyModelConfig,
 )
+from agentgrad.rollout.copying import CopySpec
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -144,6 +145,18 @@ class RolloutConfig(Section):
                                                         "distribution, scored alike by the learner). auto: in states "
                                                         "where the mask hides tools the prompt offers or forbids "
                                                         "answering; on: in every state; off: never.")
+    copy_args: list[str] = Field(default_factory=list, description="Arguments to copy rather than write: "
+                                 "'tool.argument' (a string argument) or 'answer' (a final answer). While the policy "
+                                 "writes one, only tokens that keep it a substring of what the episode has read (the "
+                                 "prompt and observations) are legal; logprobs are those of the masked distribution, "
+                                 "scored alike by the learner. For extractive tools (search for a name in the "
+                                 "question, open a listed id); needs a template with <tool_call> blocks.")
+
+    @field_validator("copy_args")
+    @classmethod
+    def _copy_args(cls, names: list[str]) -> list[str]:
+        CopySpec.parse(names)
+        return names
     max_concurrent_episodes: int = Field(64, gt=0, description="Episodes in flight at once (continuous batching: "
                                                                "a finished episode's slot goes to the next one).")
     deterministic_schedule: bool = Field(False, description="Wait for every pending tool call after each decode "
@@ -384,6 +397,10 @@ class Config(Section):
             raise ValueError("rollout.vllm_server (vLLM's HTTP server) cannot apply the tool-name mask: it needs "
                              "rollout.tool_name_mask auto or off, or the in-process engine (rollout.vllm_server "
                              "unset)")
+        if self.rollout.copy_args:
+            if self.rollout.backend == "vllm" and self.rollout.vllm_server is not None:
+                raise ValueError("rollout.copy_args needs the in-process engine: vLLM's HTTP server "
+                                 "(rollout.vllm_server) cannot apply a logits mask")
         if self.model.path is None and self.model.chat_template.endswith(".jinja"):
             raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
                              "for one), not a .jinja file")

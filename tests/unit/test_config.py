@@ -30,6 +30,16 @@ def test_invalid_values_are_errors(bad):
         build_config(overrides=[bad])
 
 
+def test_copy_args_are_checked_where_they_are_set():
+    cfg = build_config(overrides=["rollout.copy_args=[search.query,answer]"])
+    assert cfg.rollout.copy_args == ["search.query", "answer"]
+    with pytest.raises(ConfigError, match=r"rollout.copy_args: .*'query' is not 'tool.argument' or 'answer'"):
+        build_config(overrides=["rollout.copy_args=[query]"])
+    with pytest.raises(ConfigError, match="rollout.copy_args needs the in-process engine"):
+        build_config(overrides=["rollout.copy_args=[answer]", "rollout.backend=vllm",
+                                "rollout.vllm_server=http://127.0.0.1:8000"])
+
+
 def test_unknown_preset_lists_presets():
     with pytest.raises(ConfigError) as err:
         build_config("nope")

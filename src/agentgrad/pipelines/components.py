@@ -25,6 +25,7 @@ from agentgrad.models.hf import LoadedModel, ModelLoadError, load_model
 from agentgrad.models.lora import ADAPTER_DIR, Adapters, attach_lora, merge_saved_adapter
 from agentgrad.rewards.base import RewardFn, load_reward
 from agentgrad.rollout.chat import INCREMENTAL_HINT, ChatCodec, ChatTemplateError
+from agentgrad.rollout.copying import CopySpec
 from agentgrad.rollout.factored import HEAD_DECIDES
 from agentgrad.rollout.loop import EpisodeLimits, SamplerSettings
 from agentgrad.types import Message, ScoredTrajectory, Trajectory
@@ -92,7 +93,7 @@ def sampler_settings(config: Config) -> SamplerSettings:
     return SamplerSettings(max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
                            deterministic_schedule=r.deterministic_schedule, tool_name_mask=r.tool_name_mask,
                            action_head=r.action_head, waiting_episodes=r.waiting_episodes,
-                           tool_wait_steps=r.tool_wait_steps)
+                           tool_wait_steps=r.tool_wait_steps, copy_args=CopySpec.parse(r.copy_args))
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int, template: str | None = None,

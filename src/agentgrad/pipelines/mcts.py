@@ -82,7 +82,8 @@ def search_settings(c: Components) -> SearchSettings:
                           stop_on_success=cfg.stop_on_success,
                           budget=SearchBudget(cfg.simulations, cfg.max_generated_tokens, cfg.max_tool_calls),
                           tool_workers=c.config.rollout.tool_workers or 8,
-                          tool_name_mask=c.config.rollout.tool_name_mask)
+                          tool_name_mask=c.config.rollout.tool_name_mask,
+                          copy_args=c.sampler.copy_args)
 
 
 def run_search(c: Components, critic: Critic, tasks: Sequence[Any], step: int) -> list[SearchResult]:

@@ -1,4 +1,5 @@
-"""Constrained decoding of tool names: the env's action mask enforced while the policy writes a call.
+"""Constrained decoding of tool names: the env's action mask enforced while the policy writes a call (and, with
+`rollout.copy_args`, copy constraints on arguments and answers: rollout/copying.py).
 
 Inside a `<tool_call>` whose name string is still open, a token is legal only if the turn's text stays a prefix
 of `<tool_call>` + header + (a legal tool name) + `"` (anything may follow the closing quote). The header
@@ -20,13 +21,14 @@ from __future__ import annotations
 import dataclasses
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 
 from agentgrad.envs.base import ActionMask
 from agentgrad.rollout.chat import ChatCodec
+from agentgrad.rollout.copying import CopySpec, answer_ids, open_value, value_ids
 from agentgrad.rollout.parser import CLOSE, OPEN
 from agentgrad.types import Message, TokenMask, ToolCall
 
@@ -35,6 +37,7 @@ _SENTINEL = "zqxname"
 
 # (token ids, allow): only these ids are legal (allow=True), or every id but these (allow=False)
 Rule = tuple[tuple[int, ...], bool]
+_CACHE_LIMIT = 50_000  # cached rules and tensors per decoder; copy rules are keyed by each episode's source
 
 
 def call_header(codec: ChatCodec) -> str | None:
@@ -69,16 +72,42 @@ class ToolNameDecoder:
         self._rules: dict[tuple[frozenset[str], str], Rule | None] = {}
         self._prefixes: dict[frozenset[str], frozenset[str]] = {}
         self._tensors: dict[tuple[Rule, str], torch.Tensor] = {}
+        self._copy_rules: dict[tuple[str, str, str], Rule | None] = {}
 
-    def rule(self, mask: ActionMask, text: str) -> Rule | None:
-        """What may follow `text` (the turn so far) under `mask`; None when nothing is constrained."""
+    def rule(self, mask: ActionMask | None, text: str, copy: CopySpec = CopySpec(), source: str = "") -> Rule | None:
+        """What may follow `text` (the turn so far) under `mask` (None: names and answering free) and the copy
+        constraints `copy` over `source` (rollout/copying.py); None when nothing is constrained."""
         start = text.rfind(OPEN)
         if start >= 0 and text.find(CLOSE, start) < 0:
             tail = text[start + len(OPEN):]
-            return self._name_rule(mask.tools, tail) if self._in_name(tail) else None
-        if not mask.final_answer and OPEN not in text:
+            if self._in_name(tail):
+                return self._name_rule(mask.tools, tail) if mask is not None else None
+            if copy.args and tail.startswith(self.header):
+                return self._value_rule(copy, source, tail[len(self.header):])
+            return None
+        if mask is not None and not mask.final_answer and OPEN not in text:
             return self.eos_token_ids, False  # answering is illegal: this turn may not end without a call
+        if copy.answer and start < 0:
+            return self._cached(("answer", source, text), lambda: answer_ids(
+                self.strings, self._by_first, source, text, self.eos_token_ids))
         return None
+
+    def _value_rule(self, copy: CopySpec, source: str, name_and_rest: str) -> Rule | None:
+        opened = open_value(name_and_rest)
+        if opened is None or not copy.copies(opened[0], opened[1]):
+            return None
+        partial = opened[2]
+        return self._cached(("value", source, partial),
+                            lambda: value_ids(self.strings, self._by_first, source, partial))
+
+    def _cached(self, key: tuple[str, str, str], ids: Callable[[], list[int]]) -> Rule | None:
+        if key not in self._copy_rules:
+            if len(self._copy_rules) > _CACHE_LIMIT:
+                self._copy_rules.clear()
+            legal = tuple(sorted(set(ids())))
+            # nothing continues (e.g. a source without the text): leave the row free rather than all -inf
+            self._copy_rules[key] = (legal, True) if legal else None
+        return self._copy_rules[key]
 
     def _in_name(self, tail: str) -> bool:
         h = self.header
@@ -121,6 +150,8 @@ class ToolNameDecoder:
         ids, allow = rule
         key = (rule, str(logits.device))
         if key not in self._tensors:
+            if len(self._tensors) > _CACHE_LIMIT:
+                self._tensors.clear()
             self._tensors[key] = torch.tensor(ids, dtype=torch.long, device=logits.device)
         index = self._tensors[key]
         if allow:
@@ -134,30 +165,37 @@ class MaskedTurn:
     Remembers the rule applied at each generated position of each row, for `token_masks`.
     """
 
-    def __init__(self, decoder: ToolNameDecoder, masks: Sequence[ActionMask | None]) -> None:
-        self.decoder = decoder
+    def __init__(self, decoder: ToolNameDecoder, masks: Sequence[ActionMask | None],
+                 copy: CopySpec = CopySpec()) -> None:
+        self.decoder, self.copy = decoder, copy
         self.masks = list(masks)
+        self.sources: list[str | None] = [None] * len(masks)  # what row b may copy from (None: no copying)
         self._texts = [""] * len(masks)
         self._seen = [0] * len(masks)
         self._applied: list[dict[int, Rule]] = [{} for _ in masks]
 
     def __call__(self, row: int, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
-        mask = self.masks[row]
-        if mask is None:
+        mask, source = self.masks[row], self.sources[row]
+        if mask is None and source is None:
             return logits
         if len(generated) > self._seen[row]:
             self._texts[row] += "".join(self.decoder.strings[i] if i < len(self.decoder.strings) else ""
                                         for i in generated[self._seen[row]:])
             self._seen[row] = len(generated)
-        rule = self.decoder.rule(mask, self._texts[row])
+        if source is None:
+            rule = self.decoder.rule(mask, self._texts[row])
+        else:
+            rule = self.decoder.rule(mask, self._texts[row], self.copy, source)
         if rule is None:
             return logits
         self._applied[row][len(generated)] = rule
         return self.decoder.apply(logits, rule)
 
-    def start_turn(self, row: int, mask: ActionMask | None) -> None:
-        """Row `row` begins a new turn under `mask` (None: free): positions count from the turn's start again."""
-        self.masks[row], self._texts[row], self._seen[row], self._applied[row] = mask, "", 0, {}
+    def start_turn(self, row: int, mask: ActionMask | None, source: str | None = None) -> None:
+        """Row `row` begins a new turn under `mask` (None: free), copying from `source` (None: no copy rule):
+        positions count from the turn's start again."""
+        self.masks[row], self.sources[row] = mask, source
+        self._texts[row], self._seen[row], self._applied[row] = "", 0, {}
 
     def token_masks(self, row: int) -> list[TokenMask]:
         """The rules applied to row `row`, positions relative to the start of its generation."""
@@ -191,12 +229,15 @@ class EpisodeMasks:
     turns at different times: each turn begins with `start_turn(row, env.legal_actions())`, so a mask that
     changes with the state (e.g. after `auth.login`) applies from the next turn on."""
 
-    def __init__(self, decoder: ToolNameDecoder, mode: MaskMode, offered: Sequence[frozenset[str]]) -> None:
-        self.mode, self.offered = mode, list(offered)
-        self.turn = MaskedTurn(decoder, [None] * len(offered))
+    def __init__(self, decoder: ToolNameDecoder, mode: MaskMode, offered: Sequence[frozenset[str]],
+                 copy: CopySpec = CopySpec()) -> None:
+        self.mode, self.offered, self.copy = mode, list(offered), copy
+        self.turn = MaskedTurn(decoder, [None] * len(offered), copy)
 
-    def start_turn(self, row: int, mask: ActionMask) -> None:
-        self.turn.start_turn(row, mask if needs_mask(self.mode, mask, self.offered[row]) else None)
+    def start_turn(self, row: int, mask: ActionMask, source: str = "") -> None:
+        """`source`: the text the episode has read so far (rollout/copying.py), used when copy rules are set."""
+        self.turn.start_turn(row, mask if needs_mask(self.mode, mask, self.offered[row]) else None,
+                             source if self.copy else None)
 
     def __call__(self, row: int, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         return self.turn(row, generated, logits)
@@ -221,11 +262,14 @@ def tool_name_decoder(codec: ChatCodec) -> ToolNameDecoder:
 
 
 def episode_masks(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask],
-                  offered: Sequence[frozenset[str]]) -> EpisodeMasks | None:
-    """The masker for a rollout, or None when no episode needs one in its first state. Deciding once keeps the
-    per-token processor off the fast path of unconstrained rollouts; an env whose first state is unrestricted
-    but a later one is not should use `rollout.tool_name_mask=on`."""
-    if not any(needs_mask(mode, m, o) for m, o in zip(masks, offered)):
+                  offered: Sequence[frozenset[str]], copy: CopySpec = CopySpec()) -> EpisodeMasks | None:
+    """The masker for a rollout, or None when no episode needs one in its first state and nothing is copied.
+    Deciding once keeps the per-token processor off the fast path of unconstrained rollouts; an env whose first
+    state is unrestricted but a later one is not should use `rollout.tool_name_mask=on`."""
+    if copy:
+        if _decoder(codec, mode) is None:
+            raise ValueError("rollout.copy_args needs a chat template that writes <tool_call> blocks")
+    elif not any(needs_mask(mode, m, o) for m, o in zip(masks, offered)):
         return None
     decoder = _decoder(codec, mode)
-    return EpisodeMasks(decoder, mode, offered) if decoder is not None else None
+    return EpisodeMasks(decoder, mode, offered, copy) if decoder is not None else None

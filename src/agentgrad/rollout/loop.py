@@ -26,6 +26,7 @@ from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
+from agentgrad.rollout.copying import CopySpec, episode_source
 from agentgrad.rollout.factored import HEAD_DECIDES, HeadCalls, HeadSpan, NameWriter, expert_spans
 from agentgrad.types import (
     Action,
@@ -65,6 +66,7 @@ class SamplerSettings:
     waiting_episodes: int = 0  # extra episodes kept while others wait on tools (0: a waiting episode keeps its slot)
     tool_wait_steps: int = 8  # with waiting_episodes and the deterministic schedule: see _QueuedSchedule
     tool_name_mask: MaskMode = "auto"  # constrained decoding of tool names (rollout/constrained.py)
+    copy_args: CopySpec = CopySpec()  # arguments / answers copied from what the episode read (rollout/copying.py)
     action_head: ActionHeadMode = "tokens"  # "factored" / "category": a head chooses (rollout/factored.py)
 
 
@@ -243,7 +245,8 @@ def run_episodes(policy: Policy, codec: ChatCodec, envs: Sequence[Env], tasks: S
             ended(i)
     calls = _head_calls(policy, codec, sampling, sampler, len(episodes))
     masker = episode_masks(codec, "on" if calls is not None else sampler.tool_name_mask,
-                           [ep.env.legal_actions() for ep in episodes], [ep.offered_tools for ep in episodes])
+                           [ep.env.legal_actions() for ep in episodes], [ep.offered_tools for ep in episodes],
+                           sampler.copy_args)
     processor = _chain(logits_processor, masker)
     if calls is not None:
         processor = calls.processor(processor)
@@ -335,7 +338,8 @@ class _Schedule:
     def _submit_turn(self, i: int, new_ids: Sequence[int]) -> None:
         ep, budget = self.episodes[i], _turn_budget(self.episodes[i], self.limits)
         if self.masker is not None:
-            self.masker.start_turn(i, ep.env.legal_actions())
+            self.masker.start_turn(i, ep.env.legal_actions(),
+                                   episode_source((m.role, m.content) for m in ep.messages))
         if self.calls is not None:
             self.calls.start_turn(i, ep.env.legal_actions(), budget)
         self.session.submit(i, new_ids, budget)

@@ -32,6 +32,7 @@ from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import SnapshotEnv, close_env, episode_success
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import MaskMode, episode_masks
+from agentgrad.rollout.copying import CopySpec, episode_source
 from agentgrad.rollout.loop import (
     EpisodeLimits,
     _Episode,
@@ -88,6 +89,7 @@ class SearchSettings:
     budget: SearchBudget = SearchBudget()
     tool_workers: int = 8  # threads stepping envs (restoring nodes, rollouts) across trees
     tool_name_mask: MaskMode = "auto"
+    copy_args: CopySpec = CopySpec()  # rollout.copy_args (rollout/copying.py)
 
     def __post_init__(self) -> None:
         if (self.samples_per_expansion < 1 or not (0.0 <= self.rollout_mix <= 1.0) or self.c_puct < 0
@@ -306,7 +308,7 @@ class TreeSearch:
         rows = [(e, j) for e in range(len(episodes)) for j in range(n)]
         masker = episode_masks(self.codec, self.settings.tool_name_mask,
                                [episodes[e].env.legal_actions() for e, _ in rows],
-                               [episodes[e].offered_tools for e, _ in rows])
+                               [episodes[e].offered_tools for e, _ in rows], self.settings.copy_args)
         seed = (None if self.sampling.seed is None
                 else self.sampling.seed + self.rounds * _ROUND_SEED_STRIDE + draw * _DRAW_SEED_STRIDE)
         turn = dataclasses.replace(self.sampling, max_new_tokens=self.limits.max_new_tokens_per_turn, seed=seed)
@@ -316,7 +318,8 @@ class TreeSearch:
             for key, (e, _) in enumerate(rows):
                 ep = episodes[e]
                 if masker is not None:
-                    masker.start_turn(key, ep.env.legal_actions())
+                    masker.start_turn(key, ep.env.legal_actions(),
+                                      episode_source((m.role, m.content) for m in ep.messages))
                 session.submit(key, ep.token_ids, _turn_budget(ep, self.limits))
             while session.has_work:
                 for key, gen in session.step():

@@ -1,0 +1,138 @@
+"""Copy constraints: arguments (and answers) that must be copied from what the episode has read so far.
+
+Extractive tools take a string that is already on the page: a search for the entity the question names, `open`
+of a document id a result listed, an answer read off an observation. A small policy that writes such a name
+token by token miscopies it (docs/algorithms.md, "the tiny model cannot copy names"); a copy constraint lets it
+write only a span of the episode's source (the prompt and every observation so far): text that starts and ends
+at word boundaries, so a name, number or id is copied whole or not at all. What remains to learn is which span.
+`rollout.copy_args` names them: `tool.argument` for a string argument of a Hermes `<tool_call>` (shell-style
+patterns: `*.city`), `answer` for a turn's final answer (a turn with no call).
+
+The legal sets are computed on decoded text, like tool-name masks (rollout/constrained.py), and recorded the
+same way, so the learner scores those tokens with the same masked softmax. Values are matched as the policy
+writes them inside the JSON string (escapes are not decoded), so sources with quotes or backslashes in the
+names to copy are not supported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from functools import lru_cache
+
+from agentgrad.rollout.parser import OPEN
+
+ANSWER = "answer"
+# the last string value still open in a call's JSON: `"key": "partial` at the end of the text
+_OPEN_VALUE = re.compile(r'"([^"\\]+)":\s*"([^"\\]*)$')
+
+
+@dataclass(frozen=True)
+class CopySpec:
+    """What must be copied: `tool.argument` patterns (shell-style, e.g. `*.city` or `*.*`), and whether final
+    answers are."""
+
+    args: frozenset[str] = frozenset()
+    answer: bool = False
+
+    @classmethod
+    def parse(cls, names: Iterable[str]) -> CopySpec:
+        """From `rollout.copy_args` entries (`tool.argument` or `answer`); raises ValueError on a bad entry."""
+        args, answer = set(), False
+        for name in names:
+            if name == ANSWER:
+                answer = True
+                continue
+            tool, dot, arg = name.rpartition(".")
+            if not dot or not tool or not arg:
+                raise ValueError(f"copy_args entry {name!r} is not 'tool.argument' or 'answer'")
+            args.add(name)
+        return cls(frozenset(args), answer)
+
+    def copies(self, tool: str, arg: str) -> bool:
+        """Whether argument `arg` of `tool` must be copied."""
+        return _matches(self.args, f"{tool}.{arg}")
+
+    def __bool__(self) -> bool:
+        return bool(self.args) or self.answer
+
+
+@lru_cache(maxsize=4096)
+def _matches(patterns: frozenset[str], name: str) -> bool:
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
+def episode_source(contents: Iterable[tuple[str, str]]) -> str:
+    """The text an episode may copy from: its user and tool messages, given as (role, content)."""
+    return "\n".join(c for role, c in contents if role in ("user", "tool"))
+
+
+def _boundary(source: str, i: int) -> bool:
+    """Whether position i of `source` lies between words: not inside a run of letters and digits."""
+    return i <= 0 or i >= len(source) or not (source[i - 1].isalnum() and source[i].isalnum())
+
+
+def word_starts(source: str, text: str) -> list[int]:
+    """Where `text` occurs in `source` starting at a word boundary (every boundary when `text` is empty)."""
+    if not text:
+        return [i for i in range(len(source)) if _boundary(source, i)]
+    out, i = [], source.find(text)
+    while i >= 0:
+        if _boundary(source, i):
+            out.append(i)
+        i = source.find(text, i + 1)
+    return out
+
+
+def is_span(source: str, text: str) -> bool:
+    """Whether `text` is a non-empty span of `source` that starts and ends at word boundaries (a name, a number,
+    an id: never part of one)."""
+    return bool(text) and any(_boundary(source, i + len(text)) for i in word_starts(source, text))
+
+
+def next_chars(source: str, partial: str) -> set[str]:
+    """Characters that follow `partial` where it occurs at a word start in `source` (there, every word's first
+    character when `partial` is empty)."""
+    return {source[i + len(partial)] for i in word_starts(source, partial) if i + len(partial) < len(source)}
+
+
+def open_value(name_and_rest: str) -> tuple[str, str, str] | None:
+    """(tool, argument, value so far) when a call's text, from its name on, ends inside a string argument."""
+    name, quote, rest = name_and_rest.partition('"')
+    m = _OPEN_VALUE.search(rest) if quote else None
+    return (name, m.group(1), m.group(2)) if m else None
+
+
+def value_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, partial: str) -> list[int]:
+    """Tokens that keep a string value the start of a span of `source`; a token may close the string (`"` and
+    anything after it) once the value is a whole span (`is_span`)."""
+    firsts = next_chars(source, partial)
+    if is_span(source, partial):
+        firsts.add('"')
+
+    def legal(s: str) -> bool:
+        v = partial + s
+        q = v.find('"')
+        return bool(word_starts(source, v)) if q < 0 else is_span(source, v[:q])
+
+    return [i for c in firsts for i in by_first.get(c, ()) if legal(strings[i])]
+
+
+def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, text: str,
+               eos_ids: Sequence[int]) -> list[int]:
+    """Tokens that keep a turn either the start of a `<tool_call>` or the start of a span of `source`; the turn
+    may end (eos) once it is a whole span."""
+    firsts = next_chars(source, text)
+    if len(text) < len(OPEN) and OPEN.startswith(text):
+        firsts.add(OPEN[len(text)])
+
+    def legal(s: str) -> bool:
+        v = text + s
+        return bool(word_starts(source, v)) or OPEN.startswith(v) or (v.startswith(OPEN) and not text)
+
+    ids = [i for c in firsts for i in by_first.get(c, ()) if legal(strings[i])]
+    if is_span(source, text):
+        ids += list(eos_ids)
+    return ids

@@ -1,0 +1,85 @@
+"""Copy constraints (rollout/copying.py): which next tokens keep an argument or answer copied from the source."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentgrad.rollout.copying import (
+    CopySpec,
+    answer_ids,
+    episode_source,
+    is_span,
+    next_chars,
+    open_value,
+    value_ids,
+    word_starts,
+)
+
+# a toy vocabulary: id -> the text the token adds
+STRINGS = ("Pik", "rux", "P", "ik", '"', '"}}', "x", "Kez", "ia", "<tool_call>", "<|im_end|>", "1", "38", " ", "")
+EOS = (10,)
+
+
+def _by_first(strings=STRINGS):
+    out: dict[str, list[int]] = {}
+    for i, s in enumerate(strings):
+        if s:
+            out.setdefault(s[0], []).append(i)
+    return out
+
+
+SOURCE = "What is the population of Pikrux?\n[1] d9: Pikrux has 380 people; Kezia 138."
+
+
+def test_parse_names_tool_arguments_and_answer_and_rejects_the_rest():
+    spec = CopySpec.parse(["search.query", "mcp.docs.open.doc_id", "*.city", "answer"])
+    assert spec.answer and spec.copies("search", "query") and spec.copies("mcp.docs.open", "doc_id")
+    assert spec.copies("weather.get", "city") and not spec.copies("search", "k")
+    assert not spec.copies("open", "doc_id") and not CopySpec.parse(["answer"]).copies("search", "query")
+    assert not CopySpec() and CopySpec.parse(["answer"])
+    for bad in ("query", ".query", "search."):
+        with pytest.raises(ValueError, match="not 'tool.argument' or 'answer'"):
+            CopySpec.parse([bad])
+
+
+def test_source_is_the_user_and_tool_messages():
+    assert episode_source([("system", "S"), ("user", "Q"), ("assistant", "A"), ("tool", "O")]) == "Q\nO"
+
+
+def test_spans_start_and_end_between_words():
+    assert word_starts("abcab ab", "ab") == [0, 6]  # the "ab" at 3 is inside a word
+    assert is_span("ab abc", "ab") and not is_span("abc", "ab") and not is_span("abc", "")
+    assert is_span(SOURCE, "Pikrux") and is_span(SOURCE, "138") and not is_span(SOURCE, "38")
+    assert next_chars("abxab ab yab", "ab") == {"x", " "}  # the "ab" of "abxab" and of "yab" are not word starts
+    assert next_chars("ab cd", "") == {"a", " ", "c"}  # a span starts at a word's first character or between words
+    assert next_chars("aba", "q") == set()
+
+
+def test_open_value_finds_the_string_argument_being_written():
+    assert open_value('search", "arguments": {"query": "Pik') == ("search", "query", "Pik")
+    assert open_value('search", "arguments": {"query": "') == ("search", "query", "")
+    assert open_value('search", "arguments": {"query": "Pikrux"') is None  # closed
+    assert open_value('search", "arguments": {"k": 3, "query": "P') == ("search", "query", "P")
+    assert open_value('search", "arguments": {"query": "a", "lang": "e') == ("search", "lang", "e")
+    assert open_value('search", "arguments": {"k": 3') is None
+    assert open_value('sear') is None  # the name is still open
+
+
+def test_value_tokens_keep_a_whole_span_and_close_only_after_one():
+    # "" -> a token that starts a span ("rux", "ik", "x", "ia" only occur inside words); never a bare quote
+    assert set(value_ids(STRINGS, _by_first(), SOURCE, "")) == {0, 2, 7, 11, 12, 13}
+    # "Pik" -> "rux" only: "Pik" is not a whole word, so no quote yet
+    assert set(value_ids(STRINGS, _by_first(), SOURCE, "Pik")) == {1}
+    # "Pikrux" is followed by "?" and " " in the source: a space token, or close
+    assert set(value_ids(STRINGS, _by_first(), SOURCE, "Pikrux")) == {4, 5, 13}
+    assert value_ids(STRINGS, _by_first(), SOURCE, "Pikz") == []  # off the source: nothing (the row stays free)
+
+
+def test_answer_tokens_open_a_call_or_copy_and_end_only_after_a_whole_span():
+    # empty turn: <tool_call>, or a token that starts a span; not eos (an empty answer)
+    assert set(answer_ids(STRINGS, _by_first(), SOURCE, "", EOS)) == {0, 2, 7, 9, 11, 12, 13}
+    # "38" only starts "380": no token continues it with "0", and it may not end there (not a whole number)
+    assert answer_ids(STRINGS, _by_first(), SOURCE, "38", EOS) == []
+    assert set(answer_ids(STRINGS, _by_first(), SOURCE, "Kez", EOS)) == {8}
+    assert set(answer_ids(STRINGS, _by_first(), SOURCE, "Kezia", EOS)) == {10, 13}  # end, or go on: "Kezia 138"
+    assert answer_ids(STRINGS, _by_first(), SOURCE, "Kezz", EOS) == []
