@@ -147,10 +147,11 @@ class RolloutConfig(Section):
                                                         "answering; on: in every state; off: never.")
     copy_args: list[str] = Field(default_factory=list, description="Arguments to copy rather than write: "
                                  "'tool.argument' (a string argument) or 'answer' (a final answer). While the policy "
-                                 "writes one, only tokens that keep it a substring of what the episode has read (the "
-                                 "prompt and observations) are legal; logprobs are those of the masked distribution, "
-                                 "scored alike by the learner. For extractive tools (search for a name in the "
-                                 "question, open a listed id); needs a template with <tool_call> blocks.")
+                                 "writes one, only tokens that keep it the start of a span of what the episode has "
+                                 "read (the prompt and observations; a span runs from word boundary to word boundary, "
+                                 "so a name or number is copied whole) are legal; logprobs are those of the masked "
+                                 "distribution, scored alike by the learner. For extractive tools (search for a name "
+                                 "in the question, open a listed id); needs a template with <tool_call> blocks.")
 
     @field_validator("copy_args")
     @classmethod

@@ -14,6 +14,7 @@ from agentgrad.rollout.copying import (
     value_ids,
     word_starts,
 )
+from agentgrad.types import Message
 
 # a toy vocabulary: id -> the text the token adds
 STRINGS = ("Pik", "rux", "P", "ik", '"', '"}}', "x", "Kez", "ia", "<tool_call>", "<|im_end|>", "1", "38", " ", "")
@@ -43,7 +44,8 @@ def test_parse_names_tool_arguments_and_answer_and_rejects_the_rest():
 
 
 def test_source_is_the_user_and_tool_messages():
-    assert episode_source([("system", "S"), ("user", "Q"), ("assistant", "A"), ("tool", "O")]) == "Q\nO"
+    messages = [Message("system", "S"), Message("user", "Q"), Message("assistant", "A"), Message("tool", "O")]
+    assert episode_source(messages) == "Q\nO"
 
 
 def test_spans_start_and_end_between_words():

@@ -28,7 +28,7 @@ import torch
 
 from agentgrad.envs.base import ActionMask
 from agentgrad.rollout.chat import ChatCodec
-from agentgrad.rollout.copying import CopySpec, answer_ids, open_value, value_ids
+from agentgrad.rollout.copying import CopySpec, answer_ids, episode_source, open_value, value_ids
 from agentgrad.rollout.parser import CLOSE, OPEN
 from agentgrad.types import Message, TokenMask, ToolCall
 
@@ -231,13 +231,13 @@ class EpisodeMasks:
 
     def __init__(self, decoder: ToolNameDecoder, mode: MaskMode, offered: Sequence[frozenset[str]],
                  copy: CopySpec = CopySpec()) -> None:
-        self.mode, self.offered, self.copy = mode, list(offered), copy
+        self.mode, self.offered = mode, list(offered)
         self.turn = MaskedTurn(decoder, [None] * len(offered), copy)
 
-    def start_turn(self, row: int, mask: ActionMask, source: str = "") -> None:
-        """`source`: the text the episode has read so far (rollout/copying.py), used when copy rules are set."""
+    def start_turn(self, row: int, mask: ActionMask, messages: Sequence[Message] = ()) -> None:
+        """`messages`: the episode so far; what it has read is the copy source when copy rules are set."""
         self.turn.start_turn(row, mask if needs_mask(self.mode, mask, self.offered[row]) else None,
-                             source if self.copy else None)
+                             episode_source(messages) if self.turn.copy else None)
 
     def __call__(self, row: int, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         return self.turn(row, generated, logits)
@@ -266,10 +266,9 @@ def episode_masks(codec: ChatCodec, mode: MaskMode, masks: Sequence[ActionMask],
     """The masker for a rollout, or None when no episode needs one in its first state and nothing is copied.
     Deciding once keeps the per-token processor off the fast path of unconstrained rollouts; an env whose first
     state is unrestricted but a later one is not should use `rollout.tool_name_mask=on`."""
-    if copy:
-        if _decoder(codec, mode) is None:
-            raise ValueError("rollout.copy_args needs a chat template that writes <tool_call> blocks")
-    elif not any(needs_mask(mode, m, o) for m, o in zip(masks, offered)):
+    if not copy and not any(needs_mask(mode, m, o) for m, o in zip(masks, offered)):
         return None
     decoder = _decoder(codec, mode)
+    if decoder is None and copy:
+        raise ValueError("rollout.copy_args needs a chat template that writes <tool_call> blocks")
     return EpisodeMasks(decoder, mode, offered, copy) if decoder is not None else None

@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 
 from agentgrad.rollout.parser import OPEN
+from agentgrad.types import Message
 
 ANSWER = "answer"
 # the last string value still open in a call's JSON: `"key": "partial` at the end of the text
@@ -64,9 +65,9 @@ def _matches(patterns: frozenset[str], name: str) -> bool:
     return any(fnmatchcase(name, p) for p in patterns)
 
 
-def episode_source(contents: Iterable[tuple[str, str]]) -> str:
-    """The text an episode may copy from: its user and tool messages, given as (role, content)."""
-    return "\n".join(c for role, c in contents if role in ("user", "tool"))
+def episode_source(messages: Iterable[Message]) -> str:
+    """The text an episode may copy from: its user and tool messages."""
+    return "\n".join(m.content for m in messages if m.role in ("user", "tool"))
 
 
 def _boundary(source: str, i: int) -> bool:

@@ -26,7 +26,7 @@ from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import Env
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import EpisodeMasks, MaskMode, episode_masks
-from agentgrad.rollout.copying import CopySpec, episode_source
+from agentgrad.rollout.copying import CopySpec
 from agentgrad.rollout.factored import HEAD_DECIDES, HeadCalls, HeadSpan, NameWriter, expert_spans
 from agentgrad.types import (
     Action,
@@ -338,8 +338,7 @@ class _Schedule:
     def _submit_turn(self, i: int, new_ids: Sequence[int]) -> None:
         ep, budget = self.episodes[i], _turn_budget(self.episodes[i], self.limits)
         if self.masker is not None:
-            self.masker.start_turn(i, ep.env.legal_actions(),
-                                   episode_source((m.role, m.content) for m in ep.messages))
+            self.masker.start_turn(i, ep.env.legal_actions(), ep.messages)
         if self.calls is not None:
             self.calls.start_turn(i, ep.env.legal_actions(), budget)
         self.session.submit(i, new_ids, budget)

@@ -32,7 +32,7 @@ from agentgrad.backends.generate_session import open_session
 from agentgrad.envs.base import SnapshotEnv, close_env, episode_success
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.constrained import MaskMode, episode_masks
-from agentgrad.rollout.copying import CopySpec, episode_source
+from agentgrad.rollout.copying import CopySpec
 from agentgrad.rollout.loop import (
     EpisodeLimits,
     _Episode,
@@ -318,8 +318,7 @@ class TreeSearch:
             for key, (e, _) in enumerate(rows):
                 ep = episodes[e]
                 if masker is not None:
-                    masker.start_turn(key, ep.env.legal_actions(),
-                                      episode_source((m.role, m.content) for m in ep.messages))
+                    masker.start_turn(key, ep.env.legal_actions(), ep.messages)
                 session.submit(key, ep.token_ids, _turn_budget(ep, self.limits))
             while session.has_work:
                 for key, gen in session.step():
