@@ -58,6 +58,17 @@ def _disk_full(exc: BaseException, run_dir: Path) -> bool:
         return False
 
 
+def _fewer_gc_passes() -> None:
+    """This process's garbage collector for a training run: the modules loaded so far (torch, transformers:
+    ~400k objects) leave the generations it scans, and a pass waits for 10,000 new objects instead of 700. A
+    rollout allocates millions of short-lived objects; with the defaults, full passes over the whole heap (0.2 s
+    each) took ~12% of an api-catalog GRPO step. Collection only frees memory: the numbers are unchanged."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+
+
 @app.command()
 def train(
     overrides: list[str] | None = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=16 env=arithmetic"),
@@ -111,6 +122,7 @@ def train(
     from agentgrad.tools.mcp import McpError
 
     plugin_errors = (ImportRefError, UnknownNameError, RewardSpecError, DemoLoadError, McpError)  # user code, data
+    _fewer_gc_passes()
     try:
         with _libraries_to_stderr():
             summary = run_train(config, run_dir=resume, resume=resume is not None)

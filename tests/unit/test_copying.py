@@ -9,7 +9,6 @@ from agentgrad.rollout.copying import (
     answer_ids,
     episode_source,
     is_span,
-    next_chars,
     open_value,
     value_ids,
     word_starts,
@@ -52,9 +51,7 @@ def test_spans_start_and_end_between_words():
     assert word_starts("abcab ab", "ab") == [0, 6]  # the "ab" at 3 is inside a word
     assert is_span("ab abc", "ab") and not is_span("abc", "ab") and not is_span("abc", "")
     assert is_span(SOURCE, "Pikrux") and is_span(SOURCE, "138") and not is_span(SOURCE, "38")
-    assert next_chars("abxab ab yab", "ab") == {"x", " "}  # the "ab" of "abxab" and of "yab" are not word starts
-    assert next_chars("ab cd", "") == {"a", " ", "c"}  # a span starts at a word's first character or between words
-    assert next_chars("aba", "q") == set()
+    assert word_starts("ab cd", "") == [0, 2, 3]  # a span starts at a word's first character or between words
 
 
 def test_open_value_finds_the_string_argument_being_written():
@@ -85,3 +82,31 @@ def test_answer_tokens_open_a_call_or_copy_and_end_only_after_a_whole_span():
     assert set(answer_ids(STRINGS, _by_first(), SOURCE, "Kez", EOS)) == {8}
     assert set(answer_ids(STRINGS, _by_first(), SOURCE, "Kezia", EOS)) == {10, 13}  # end, or go on: "Kezia 138"
     assert answer_ids(STRINGS, _by_first(), SOURCE, "Kezz", EOS) == []
+
+
+def test_legal_sets_equal_the_definition_token_by_token():
+    """value_ids and answer_ids read the continuations off the source once; each must give exactly the tokens
+    the definition allows, checked here token by token: the value (or answer) with the token stays the start
+    of a span; a quote closes only a non-empty whole span; eos ends only a non-empty whole span."""
+    source = SOURCE + ' "Pik" 1 38x Pik Pikrux. ia'
+    strings = (*STRINGS, "ux", "ux.", " Kezia", "1 ", "0 people", "?\n", 'rux"', 'x"}', '"x', " 3")
+    by_first = _by_first(strings)
+
+    def starts_span(v: str) -> bool:
+        return bool(word_starts(source, v))
+
+    def value_ok(partial: str, s: str) -> bool:
+        v = partial + s
+        q = v.find('"')
+        return starts_span(v) if q < 0 else is_span(source, v[:q])
+
+    def answer_ok(text: str, s: str) -> bool:
+        v = text + s
+        return starts_span(v) or "<tool_call>".startswith(v) or (v.startswith("<tool_call>") and not text)
+
+    for partial in ("", "P", "Pik", "Pikr", "Pikrux", "1", "38", "Kezia", "Kezia 1", "ia", "q"):
+        want = {i for i, s in enumerate(strings) if s and value_ok(partial, s)}
+        assert set(value_ids(strings, by_first, source, partial)) == want, partial
+        want = {i for i, s in enumerate(strings) if s and i not in EOS and answer_ok(partial, s)}
+        want |= set(EOS) if is_span(source, partial) else set()
+        assert set(answer_ids(strings, by_first, source, partial, EOS)) == want, partial

@@ -18,8 +18,7 @@ def masked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, masks: Lo
     """log p(target) under the (masked) softmax of `logits`, per position.
 
     logits: (B, T, V) scores that predict `targets` (B, T) (temperature already applied); `masks.index` (B, T)
-    names the legal set of each position (-1: unconstrained, the full softmax). An `allow=False` set lists
-    the illegal ids instead: logsumexp over the rest is  lse_all + log(1 - exp(lse_listed - lse_all)).
+    names the legal set of each position (-1: unconstrained, the full softmax).
     """
     lse_all = torch.logsumexp(logits, dim=-1)  # (B, T)
     lp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse_all  # (B, T)
@@ -30,13 +29,23 @@ def masked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, masks: Lo
         return lp
     sets = masks.index[where]  # (N,)
     ids = masks.token_ids[sets]  # (N, K), -1 padded
-    listed = logits[where].gather(-1, ids.clamp(min=0)).masked_fill(ids < 0, float("-inf"))  # (N, K)
-    lse_listed = torch.logsumexp(listed, dim=-1)  # (N,)
-    full = lse_all[where]  # (N,)
+    # indexing (N, K) entries directly, not logits[where] (N, V) first
+    listed = logits[where[0][:, None], where[1][:, None], ids.clamp(min=0)] - lse_all[where][:, None]  # (N, K)
+    return lp.index_put(where, lp[where] - legal_log_mass(listed, ids >= 0, masks.allow[sets]))
+
+
+def legal_log_mass(listed: torch.Tensor, present: torch.Tensor, allow: torch.Tensor) -> torch.Tensor:
+    """log pi(L), the unmasked policy's mass on each position's legal set L, so that the masked log-probability
+    of a legal token is its full log-probability minus this.
+
+    listed (N, K): full-softmax log-probabilities of the ids each set lists; present (N, K) bool: which of the K
+    are ids (the rest is padding); allow (N,) bool: the listed ids are L (True), or every id but them (False:
+    log pi(L) = log(1 - pi(listed))).
+    """
+    lse_listed = torch.logsumexp(listed.masked_fill(~present, float("-inf")), dim=-1)  # (N,)
     # clamp keeps log1p finite (and its gradient bounded) when the listed ids hold ~all the mass
-    lse_rest = full + torch.log1p(-torch.exp(lse_listed - full).clamp(max=1 - 1e-6))  # (N,)
-    lse_legal = torch.where(masks.allow[sets], lse_listed, lse_rest)  # (N,)
-    return lp.index_put(where, lp[where] + full - lse_legal)
+    lse_rest = torch.log1p(-torch.exp(lse_listed).clamp(max=1 - 1e-6))  # (N,)
+    return torch.where(allow, lse_listed, lse_rest)
 
 
 def factored_tool_logprobs(category_logits: torch.Tensor, tool_logits: torch.Tensor, tool_category: torch.Tensor,

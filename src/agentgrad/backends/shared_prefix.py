@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from agentgrad.algos.constrained import legal_log_mass
 from agentgrad.backends.lean import LayerWeights, LeanStack, has_lora_dropout, layer_weights
 from agentgrad.backends.lean import supports as lean_supports
-from agentgrad.backends.scoring import score_logits, tempered
-from agentgrad.batch import TokenBatch
+from agentgrad.backends.scoring import tempered
+from agentgrad.batch import LogitMasks, TokenBatch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (N, kv_heads, L, head_dim), after RoPE
 
@@ -152,25 +153,30 @@ def shared_prefix_scores(forward: LeanForward, batch: TokenBatch, plan: PrefixPl
     hidden, where = shared_prefix_hidden(forward, batch, plan, buckets)  # (N, H), (B, T)
     # one head matmul over every run's rows: concatenating H-wide hidden states, not V-wide logits
     table = forward.logits(hidden)  # (N, V)
-    if batch.logit_masks is None:  # skips expanding the logits to (B, T, V) and normalising duplicates
-        lp = table_logprobs(table, where, batch.input_ids, temperature)
-    else:
-        lp = score_logits(table[where], batch.input_ids, temperature, batch.logit_masks)
+    lp = table_logprobs(table, where, batch.input_ids, temperature, batch.logit_masks)  # (B, T)
     return lp.masked_fill(batch.attention_mask == 0, 0.0), hidden, where
 
 
-def table_logprobs(table: torch.Tensor, where: torch.Tensor, input_ids: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
+def table_logprobs(table: torch.Tensor, where: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
+                   logit_masks: LogitMasks | None = None) -> torch.Tensor:
     """Per-token logprobs (B, T) from the distinct logit rows (N, V) and each position's row in them (B, T),
     without expanding the logits to (B, T, V): each distinct row (a group's prompt positions are shared by its
-    rows) is normalised once, and only the target token's log-probability is gathered per position. Position 0
-    gets 0; equal to `score_logits`' to float rounding (it subtracts a logsumexp, this takes log_softmax as the
-    sampler does)."""
+    rows) is normalised once, and only the target token's log-probability is gathered per position (and, at
+    positions sampled under constrained decoding, the log-probabilities of their listed ids). Position 0 gets 0;
+    equal to `score_logits`' to float rounding (it subtracts a logsumexp, this takes log_softmax as the sampler
+    does)."""
     # log_softmax, as the sampler normalises (algos.sampling): one fused kernel each way, ~2.5x cheaper than a
     # logsumexp and a subtraction here
     table = F.log_softmax(tempered(table, temperature), dim=-1)  # (N, V)
     rows, targets = where[:, :-1], input_ids[:, 1:]  # (B, T-1): position t predicts token t + 1
-    return F.pad(table[rows, targets], (1, 0))  # (B, T)
+    lp = table[rows, targets]  # (B, T-1)
+    if logit_masks is not None:  # position t of `lp` is token t + 1, so its set is that of token t + 1
+        at = (logit_masks.index[:, 1:] >= 0).nonzero(as_tuple=True)  # M constrained positions
+        sets = logit_masks.index[:, 1:][at]  # (M,)
+        ids = logit_masks.token_ids[sets]  # (M, K), -1 padded
+        listed = table[rows[at][:, None], ids.clamp(min=0)]  # (M, K)
+        lp = lp.index_put(at, lp[at] - legal_log_mass(listed, ids >= 0, logit_masks.allow[sets]))
+    return F.pad(lp, (1, 0))  # (B, T)
 
 
 def _rows_of(pick: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -93,12 +93,6 @@ def is_span(source: str, text: str) -> bool:
     return bool(text) and any(_boundary(source, i + len(text)) for i in word_starts(source, text))
 
 
-def next_chars(source: str, partial: str) -> set[str]:
-    """Characters that follow `partial` where it occurs at a word start in `source` (there, every word's first
-    character when `partial` is empty)."""
-    return {source[i + len(partial)] for i in word_starts(source, partial) if i + len(partial) < len(source)}
-
-
 def open_value(name_and_rest: str) -> tuple[str, str, str] | None:
     """(tool, argument, value so far) when a call's text, from its name on, ends inside a string argument."""
     name, quote, rest = name_and_rest.partition('"')
@@ -106,34 +100,51 @@ def open_value(name_and_rest: str) -> tuple[str, str, str] | None:
     return (name, m.group(1), m.group(2)) if m else None
 
 
+def _continuations(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, partial: str
+                   ) -> tuple[list[int], set[str], set[str]]:
+    """What may follow `partial` where it occurs at a word start of `source`: the candidate tokens (those whose
+    first character follows it somewhere, and `"`'s), every text that can follow it up to the longest candidate
+    (`grows`), and those of them that end a whole span (`ends`: "" when `partial` itself is one). One scan of
+    the occurrences instead of a search of the source per candidate token."""
+    n = len(partial)
+    starts = [i + n for i in word_starts(source, partial)]  # where the continuation of each occurrence begins
+    firsts = {source[j] for j in starts if j < len(source)} | {'"'}
+    candidates = [i for c in firsts for i in by_first.get(c, ())]
+    width = max((len(strings[i]) for i in candidates), default=0)
+    grows, ends = set(), set()
+    for j in starts:
+        for k in range(min(width, len(source) - j) + 1):
+            grows.add(source[j:j + k])
+            if _boundary(source, j + k):
+                ends.add(source[j:j + k])
+    return candidates, grows, ends
+
+
 def value_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, partial: str) -> list[int]:
     """Tokens that keep a string value the start of a span of `source`; a token may close the string (`"` and
     anything after it) once the value is a whole span (`is_span`)."""
-    firsts = next_chars(source, partial)
-    if is_span(source, partial):
-        firsts.add('"')
+    candidates, grows, ends = _continuations(strings, by_first, source, partial)
 
     def legal(s: str) -> bool:
-        v = partial + s
-        q = v.find('"')
-        return bool(word_starts(source, v)) if q < 0 else is_span(source, v[:q])
+        q = s.find('"')
+        return s in grows if q < 0 else bool(partial or q) and s[:q] in ends
 
-    return [i for c in firsts for i in by_first.get(c, ()) if legal(strings[i])]
+    return [i for i in candidates if legal(strings[i])]
 
 
 def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, text: str,
                eos_ids: Sequence[int]) -> list[int]:
     """Tokens that keep a turn either the start of a `<tool_call>` or the start of a span of `source`; the turn
     may end (eos) once it is a whole span."""
-    firsts = next_chars(source, text)
+    candidates, grows, ends = _continuations(strings, by_first, source, text)
     if len(text) < len(OPEN) and OPEN.startswith(text):
-        firsts.add(OPEN[len(text)])
+        candidates += by_first.get(OPEN[len(text)], ())
 
     def legal(s: str) -> bool:
         v = text + s
-        return bool(word_starts(source, v)) or OPEN.startswith(v) or (v.startswith(OPEN) and not text)
+        return s in grows or OPEN.startswith(v) or (v.startswith(OPEN) and not text)
 
-    ids = [i for c in firsts for i in by_first.get(c, ()) if legal(strings[i])]
-    if is_span(source, text):
+    ids = [i for i in set(candidates) if legal(strings[i])]
+    if text and "" in ends:
         ids += list(eos_ids)
     return ids
