@@ -114,9 +114,10 @@ def _continuations(strings: Sequence[str], by_first: Mapping[str, Sequence[int]]
     grows, ends = set(), set()
     for j in starts:
         for k in range(min(width, len(source) - j) + 1):
-            grows.add(source[j:j + k])
+            piece = source[j:j + k]
+            grows.add(piece)
             if _boundary(source, j + k):
-                ends.add(source[j:j + k])
+                ends.add(piece)
     return candidates, grows, ends
 
 
