@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from agentgrad.config_sections import (
     AdaptiveConfig,
@@ -153,10 +153,20 @@ class RolloutConfig(Section):
                                  "distribution, scored alike by the learner. For extractive tools (search for a name "
                                  "in the question, open a listed id); needs a template with <tool_call> blocks.")
 
-    @field_validator("copy_args")
+    copy_literals: list[str] = Field(default_factory=list, description="Composed arguments whose literals are "
+                                     "copied: 'tool.argument' patterns (e.g. sql.query, python.code). The argument "
+                                     "is written freely, but each number in it (a digit run not part of a name) and "
+                                     "each '-quoted string must be a whole span of what the episode has read, so a "
+                                     "fact is not misremembered; scored alike by the learner. Strings in double "
+                                     "quotes and numbers right after a letter are not checked.")
+
+    @field_validator("copy_args", "copy_literals")
     @classmethod
-    def _copy_args(cls, names: list[str]) -> list[str]:
-        CopySpec.parse(names)
+    def _copy_args(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        if info.field_name == "copy_args":
+            CopySpec.parse(names)
+        else:
+            CopySpec.parse((), names)
         return names
     max_concurrent_episodes: int = Field(64, gt=0, description="Episodes in flight at once (continuous batching: "
                                                                "a finished episode's slot goes to the next one).")
@@ -398,10 +408,10 @@ class Config(Section):
             raise ValueError("rollout.vllm_server (vLLM's HTTP server) cannot apply the tool-name mask: it needs "
                              "rollout.tool_name_mask auto or off, or the in-process engine (rollout.vllm_server "
                              "unset)")
-        if self.rollout.copy_args:
+        if self.rollout.copy_args or self.rollout.copy_literals:
             if self.rollout.backend == "vllm" and self.rollout.vllm_server is not None:
-                raise ValueError("rollout.copy_args needs the in-process engine: vLLM's HTTP server "
-                                 "(rollout.vllm_server) cannot apply a logits mask")
+                raise ValueError("rollout.copy_args and rollout.copy_literals need the in-process engine: vLLM's "
+                                 "HTTP server (rollout.vllm_server) cannot apply a logits mask")
         if self.model.path is None and self.model.chat_template.endswith(".jinja"):
             raise ValueError("model.chat_template: the tiny model takes a template family (its tokenizer is built "
                              "for one), not a .jinja file")

@@ -35,7 +35,7 @@ def test_copy_args_are_checked_where_they_are_set():
     assert cfg.rollout.copy_args == ["search.query", "answer"]
     with pytest.raises(ConfigError, match=r"rollout.copy_args: .*'query' is not 'tool.argument' or 'answer'"):
         build_config(overrides=["rollout.copy_args=[query]"])
-    with pytest.raises(ConfigError, match="rollout.copy_args needs the in-process engine"):
+    with pytest.raises(ConfigError, match="rollout.copy_args and rollout.copy_literals need the in-process engine"):
         build_config(overrides=["rollout.copy_args=[answer]", "rollout.backend=vllm",
                                 "rollout.vllm_server=http://127.0.0.1:8000"])
 

@@ -6,9 +6,14 @@ import pytest
 
 from agentgrad.rollout.copying import (
     CopySpec,
+    LiteralState,
     answer_ids,
     episode_source,
     is_span,
+    literal_chars,
+    literal_ids,
+    literal_state,
+    literal_step,
     open_value,
     value_ids,
     word_starts,
@@ -110,3 +115,91 @@ def test_legal_sets_equal_the_definition_token_by_token():
         want = {i for i, s in enumerate(strings) if s and i not in EOS and answer_ok(partial, s)}
         want |= set(EOS) if is_span(source, partial) else set()
         assert set(answer_ids(strings, by_first, source, partial, EOS)) == want, partial
+
+
+# composed arguments (rollout.copy_literals): only numbers and '-quoted strings are copied
+LIT_SOURCE = "Pikrux was founded in 2015. Kez was born in 1948; x12 has 300 rows."
+LIT_STRINGS = ("20", "15", "1", "5", " - ", "'", "Pik", "rux", "'}", '"}}', "x", "ab", "9")
+
+
+def _literal_ids(partial: str) -> tuple[set[int], bool]:
+    special = [i for i, s in enumerate(LIT_STRINGS) if literal_chars(s)]
+    assert special == [0, 1, 2, 3, 5, 8, 9, 12]
+    ids, allow = literal_ids(LIT_STRINGS, _by_first(LIT_STRINGS), special, LIT_SOURCE, literal_state(partial))
+    return set(ids), allow
+
+
+def test_parse_literal_arguments_and_reject_the_rest():
+    spec = CopySpec.parse([], ["sql.query", "*.expression"])
+    assert spec and spec.copies_literals("sql", "query") and spec.copies_literals("calculator", "expression")
+    assert not spec.copies_literals("python", "code") and not spec.copies("sql", "query") and not spec.answer
+    with pytest.raises(ValueError, match="copy_literals entry 'answer' is not 'tool.argument'$"):
+        CopySpec.parse([], ["answer"])
+
+
+def test_open_value_with_escapes_reads_code_values():
+    call = 'python", "arguments": {"code": "import statistics\\nprint(1'
+    assert open_value(call) is None  # an extractive value never holds a backslash
+    assert open_value(call, escapes=True) == ("python", "code", "import statistics\\nprint(1")
+    assert open_value('python", "arguments": {"code": "a\\', escapes=True) == ("python", "code", "a\\")
+    assert open_value('python", "arguments": {"code": "a"', escapes=True) is None  # closed
+
+
+@pytest.mark.parametrize(("written", "legal"), [
+    ("2015 - 1948", True),
+    ("2015 - 194", True),  # still the start of 1948
+    ("2015 - 1949", False),  # no number read starts so
+    ("201 - 1948", False),  # 201 is closed and only part of 2015
+    ("x1 + 300", True),  # the 1 of x1 belongs to a name
+    ("12 + 300", False),  # 12 is read only inside x12
+    ("median([300, 2015])", True),
+    ("2015\"}", True),  # the value ends: the JSON after it is not checked
+    ("20\"", False),  # ...but not on half a number
+    ("name = 'Pikrux' AND n > 300", True),
+    ("name = 'Pik", True),  # an open string that starts a span
+    ("name = 'Pikru'", False),  # closed on half a name
+    ("name = 'Pikz", False),
+    ("name = ''", False),  # empty
+    ("name = 'Pikrux\"", False),  # the value may not end inside a quoted string
+    ("import statistics\\nprint(1948)", True),  # the n of an escape is no name character...
+    ("import statistics\\n12", False),  # ...so a number after it is checked
+])
+def test_literal_step_checks_numbers_and_quoted_strings(written, legal):
+    assert (literal_step(LiteralState(), written, LIT_SOURCE) is not None) == legal
+
+
+def test_literal_state_is_the_same_written_at_once_or_in_pieces():
+    text = "SELECT n FROM t WHERE name = 'Pikrux' AND x1 > 20"
+    for cut in range(len(text) + 1):
+        assert literal_state(text[cut:], literal_state(text[:cut])) == literal_state(text)
+    assert literal_state(text) == LiteralState(text="20")
+    assert literal_state("a\\") == LiteralState(escaped=True) and literal_state("'Pik") == LiteralState(True, "Pik")
+
+
+def test_literal_ids_worked_by_hand():
+    # nothing open: every plain token; of the rest, those that start no number read, and a quote run into "}"
+    assert _literal_ids("") == ({1, 3, 8, 12}, False)
+    # "20" open and not a whole number: only "15" (2015) and "1" (201...) go on; nothing may close it
+    assert _literal_ids("20") == ({1, 2}, True)
+    # "2015" is whole: anything that closes it; no digit makes a longer number read
+    assert _literal_ids("2015") == ({0, 1, 2, 3, 8, 12}, False)
+    # a quoted string just opened: tokens that start a span ("20", "1", "Pik", "x"); not an empty string
+    assert _literal_ids("name = '") == ({0, 2, 6, 10}, True)
+    # "'Pikrux" is whole: close it, with or without what follows; " - " runs off the source
+    assert _literal_ids("name = 'Pikrux") == ({5, 8}, True)
+    assert _literal_ids("print(x") == ({8}, False)  # glued to a name: "15", "5", "9" are fine here
+
+
+def test_literal_ids_equal_the_definition_token_by_token():
+    """The shortcuts (plain tokens judged at once; quoted strings by their continuations) must give exactly the
+    tokens the definition allows: the written value with the token passes `literal_step`."""
+    strings = (*LIT_STRINGS, "0", "48", " 3", "'Kez", "Kez'", "2015'", "\\", "n1", "_", "00 r", ".")
+    by_first = _by_first(strings)
+    special = [i for i, s in enumerate(strings) if literal_chars(s)]
+    for partial in ("", "1", "19", "1948", "3", "300", "x", "x1", "'", "'K", "'Kez", "'Kez'", "a\\", "a\\n",
+                    "f(2015, ", "'Pikrux' ", "7", "'zz"):
+        state = literal_state(partial)
+        want = {i for i, s in enumerate(strings) if literal_step(state, s, LIT_SOURCE) is not None}
+        ids, allow = literal_ids(strings, by_first, special, LIT_SOURCE, state)
+        got = set(ids) if allow else set(range(len(strings))) - set(ids)
+        assert got == want, partial

@@ -93,7 +93,7 @@ def sampler_settings(config: Config) -> SamplerSettings:
     return SamplerSettings(max_concurrent_episodes=r.max_concurrent_episodes, tool_workers=r.tool_workers,
                            deterministic_schedule=r.deterministic_schedule, tool_name_mask=r.tool_name_mask,
                            action_head=r.action_head, waiting_episodes=r.waiting_episodes,
-                           tool_wait_steps=r.tool_wait_steps, copy_args=CopySpec.parse(r.copy_args))
+                           tool_wait_steps=r.tool_wait_steps, copy_args=CopySpec.parse(r.copy_args, r.copy_literals))
 
 
 def _render_expert_transcripts(suite: TaskSuite, n: int, seed: int, template: str | None = None,

@@ -28,7 +28,17 @@ import torch
 
 from agentgrad.envs.base import ActionMask
 from agentgrad.rollout.chat import ChatCodec
-from agentgrad.rollout.copying import CopySpec, answer_ids, episode_source, open_value, value_ids
+from agentgrad.rollout.copying import (
+    CopySpec,
+    LiteralState,
+    answer_ids,
+    episode_source,
+    literal_chars,
+    literal_ids,
+    literal_state,
+    open_value,
+    value_ids,
+)
 from agentgrad.rollout.parser import CLOSE, OPEN
 from agentgrad.types import Message, TokenMask, ToolCall
 
@@ -72,7 +82,9 @@ class ToolNameDecoder:
         self._rules: dict[tuple[frozenset[str], str], Rule | None] = {}
         self._prefixes: dict[frozenset[str], frozenset[str]] = {}
         self._tensors: dict[tuple[Rule, str], torch.Tensor] = {}
-        self._copy_rules: dict[tuple[str, str, str], Rule | None] = {}
+        self._copy_rules: dict[tuple[str, str, str | LiteralState], Rule | None] = {}
+        self._literal_tokens = [i for i, s in enumerate(self.strings) if literal_chars(s)]
+        self._literal_states: dict[str, LiteralState] = {}  # a composed value so far -> its state
 
     def rule(self, mask: ActionMask | None, text: str, copy: CopySpec = CopySpec(), source: str = "") -> Rule | None:
         """What may follow `text` (the turn so far) under `mask` (None: names and answering free) and the copy
@@ -82,7 +94,7 @@ class ToolNameDecoder:
             tail = text[start + len(OPEN):]
             if self._in_name(tail):
                 return self._name_rule(mask.tools, tail) if mask is not None else None
-            if copy.args and tail.startswith(self.header):
+            if (copy.args or copy.literals) and tail.startswith(self.header):
                 return self._value_rule(copy, source, tail[len(self.header):])
             return None
         if mask is not None and not mask.final_answer and OPEN not in text:
@@ -94,11 +106,35 @@ class ToolNameDecoder:
 
     def _value_rule(self, copy: CopySpec, source: str, name_and_rest: str) -> Rule | None:
         opened = open_value(name_and_rest)
-        if opened is None or not copy.copies(opened[0], opened[1]):
-            return None
-        partial = opened[2]
-        return self._cached(("value", source, partial),
-                            lambda: value_ids(self.strings, self._by_first, source, partial))
+        if opened is not None and copy.copies(opened[0], opened[1]):
+            partial = opened[2]
+            return self._cached(("value", source, partial),
+                                lambda: value_ids(self.strings, self._by_first, source, partial))
+        opened = open_value(name_and_rest, escapes=True) if copy.literals else None
+        if opened is not None and copy.copies_literals(opened[0], opened[1]):
+            return self._literal_rule(source, opened[2])
+        return None
+
+    def _literal_rule(self, source: str, partial: str) -> Rule | None:
+        key = ("literal", source, self._literal_state(partial))
+        if key not in self._copy_rules:
+            if len(self._copy_rules) > _CACHE_LIMIT:
+                self._copy_rules.clear()
+            ids, allow = literal_ids(self.strings, self._by_first, self._literal_tokens, source, key[2])
+            # nothing legal (leave the row free rather than all -inf) or nothing illegal: no rule
+            self._copy_rules[key] = (tuple(ids), allow) if ids else None
+        return self._copy_rules[key]
+
+    def _literal_state(self, partial: str) -> LiteralState:
+        """The state of `partial`, stepped from the longest of its recent prefixes already seen (a row grows its
+        value a token at a time), so a value is read once, not once per token."""
+        states = self._literal_states
+        if partial not in states:
+            if len(states) > _CACHE_LIMIT:
+                states.clear()
+            k = next((k for k in range(len(partial) - 1, max(-1, len(partial) - 33), -1) if partial[:k] in states), 0)
+            states[partial] = literal_state(partial[k:], states.get(partial[:k], LiteralState()))
+        return states[partial]
 
     def _cached(self, key: tuple[str, str, str], ids: Callable[[], list[int]]) -> Rule | None:
         if key not in self._copy_rules:

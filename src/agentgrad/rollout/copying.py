@@ -8,6 +8,12 @@ at word boundaries, so a name, number or id is copied whole or not at all. What 
 `rollout.copy_args` names them: `tool.argument` for a string argument of a Hermes `<tool_call>` (shell-style
 patterns: `*.city`), `answer` for a turn's final answer (a turn with no call).
 
+Composed arguments (a SQL query, Python code, a calculator expression) are written, not copied, but the facts in
+them were read: `rollout.copy_literals` names arguments whose *literals* must be whole spans of the source: each
+number (a run of digits not glued to a name, `x1` is a name) and each '-quoted string. The rest of the argument is
+free. A hallucinated or half-copied number (`4186 + 418` for `4186 + 3321`) or a misspelt name in a WHERE clause
+then cannot be written.
+
 The legal sets are computed on decoded text, like tool-name masks (rollout/constrained.py), and recorded the
 same way, so the learner scores those tokens with the same masked softmax. Values are matched as the policy
 writes them inside the JSON string (escapes are not decoded), so sources with quotes or backslashes in the
@@ -28,6 +34,8 @@ from agentgrad.types import Message
 ANSWER = "answer"
 # the last string value still open in a call's JSON: `"key": "partial` at the end of the text
 _OPEN_VALUE = re.compile(r'"([^"\\]+)":\s*"([^"\\]*)$')
+# the same, for values with JSON escapes (code: `import statistics\nprint(...)`), possibly ending mid-escape
+_OPEN_ESCAPED = re.compile(r'"([^"\\]+)":\s*"((?:[^"\\]|\\.)*\\?)$')
 
 
 @dataclass(frozen=True)
@@ -37,27 +45,39 @@ class CopySpec:
 
     args: frozenset[str] = frozenset()
     answer: bool = False
+    literals: frozenset[str] = frozenset()  # composed arguments whose numbers and '-quoted strings are copied
 
     @classmethod
-    def parse(cls, names: Iterable[str]) -> CopySpec:
-        """From `rollout.copy_args` entries (`tool.argument` or `answer`); raises ValueError on a bad entry."""
+    def parse(cls, names: Iterable[str], literals: Iterable[str] = ()) -> CopySpec:
+        """From `rollout.copy_args` entries (`tool.argument` or `answer`) and `rollout.copy_literals` entries
+        (`tool.argument`); raises ValueError on a bad entry."""
         args, answer = set(), False
         for name in names:
             if name == ANSWER:
                 answer = True
                 continue
-            tool, dot, arg = name.rpartition(".")
-            if not dot or not tool or not arg:
-                raise ValueError(f"copy_args entry {name!r} is not 'tool.argument' or 'answer'")
-            args.add(name)
-        return cls(frozenset(args), answer)
+            args.add(_tool_argument(name, "copy_args"))
+        lits = {_tool_argument(name, "copy_literals") for name in literals}
+        return cls(frozenset(args), answer, frozenset(lits))
 
     def copies(self, tool: str, arg: str) -> bool:
         """Whether argument `arg` of `tool` must be copied."""
         return _matches(self.args, f"{tool}.{arg}")
 
+    def copies_literals(self, tool: str, arg: str) -> bool:
+        """Whether the literals in argument `arg` of `tool` must be copied."""
+        return _matches(self.literals, f"{tool}.{arg}")
+
     def __bool__(self) -> bool:
-        return bool(self.args) or self.answer
+        return bool(self.args) or self.answer or bool(self.literals)
+
+
+def _tool_argument(name: str, key: str) -> str:
+    tool, dot, arg = name.rpartition(".")
+    if not dot or not tool or not arg:
+        also = " or 'answer'" if key == "copy_args" else ""
+        raise ValueError(f"{key} entry {name!r} is not 'tool.argument'{also}")
+    return name
 
 
 @lru_cache(maxsize=4096)
@@ -93,10 +113,11 @@ def is_span(source: str, text: str) -> bool:
     return bool(text) and any(_boundary(source, i + len(text)) for i in word_starts(source, text))
 
 
-def open_value(name_and_rest: str) -> tuple[str, str, str] | None:
-    """(tool, argument, value so far) when a call's text, from its name on, ends inside a string argument."""
+def open_value(name_and_rest: str, escapes: bool = False) -> tuple[str, str, str] | None:
+    """(tool, argument, value so far) when a call's text, from its name on, ends inside a string argument
+    (`escapes`: the value may hold JSON escapes such as `\\n`, kept as written)."""
     name, quote, rest = name_and_rest.partition('"')
-    m = _OPEN_VALUE.search(rest) if quote else None
+    m = (_OPEN_ESCAPED if escapes else _OPEN_VALUE).search(rest) if quote else None
     return (name, m.group(1), m.group(2)) if m else None
 
 
@@ -149,3 +170,80 @@ def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], so
     if text and "" in ends:
         ids += list(eos_ids)
     return ids
+
+
+
+@dataclass(frozen=True)
+class LiteralState:
+    """Where a composed value stands: inside a '-quoted string (`quoted`; `text` is the string so far) or outside
+    (`text`: the digit run at the end, if any; `glued`: the run, or the next one, follows a name character, so it
+    belongs to a name such as `x1`, not a number; `escaped`: the last character is an escaping backslash)."""
+
+    quoted: bool = False
+    text: str = ""
+    glued: bool = False
+    escaped: bool = False
+
+
+def literal_step(state: LiteralState, chars: str, source: str | None) -> LiteralState | None:
+    """The state after writing `chars`, or None when they break a literal: a closed number or quoted string that
+    is not a whole span of `source`, or an open one that no span starts with (`source` None: no checks, just
+    the state). A `"` ends the value, and the check."""
+    quoted, text, glued, escaped = state.quoted, state.text, state.glued, state.escaped
+    for c in chars:
+        if quoted:
+            if c == '"':
+                return None if source is not None else LiteralState()  # the value would end mid-literal
+            if c != "'":
+                text += c
+                continue
+            if source is not None and not is_span(source, text):
+                return None
+            quoted, text, glued = False, "", False
+            continue
+        if escaped:  # the letter of `\n` or `\t` is no name character
+            escaped, glued = False, False
+            continue
+        if c.isdigit():
+            text += c
+            continue
+        if text and not glued and source is not None and not is_span(source, text):
+            return None
+        if c == '"':
+            return LiteralState()
+        text, quoted, escaped = "", c == "'", c == "\\"
+        glued = c.isalnum() or c == "_"
+    if source is not None and text and (quoted or not glued) and not word_starts(source, text):
+        return None
+    return LiteralState(quoted, text, glued, escaped)
+
+
+def literal_state(partial: str, start: LiteralState = LiteralState()) -> LiteralState:
+    """The state after writing `partial` from `start` (nothing is checked)."""
+    state = literal_step(start, partial, None)
+    assert state is not None  # without a source nothing is checked
+    return state
+
+
+def literal_chars(s: str) -> bool:
+    """Whether token string `s` can touch a literal (a digit, a quote, a backslash); others only close a number."""
+    return any(c.isdigit() or c in "'\"\\" for c in s)
+
+
+def literal_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], special: Sequence[int], source: str,
+                state: LiteralState) -> tuple[list[int], bool]:
+    """The tokens that may follow a composed value (`rollout.copy_literals`) in `state` (`literal_state`), as
+    (ids, allow): the
+    legal ones (allow) or the illegal ones (not allow). A token is illegal when it breaks a literal
+    (`literal_step`). `special`: the tokens with `literal_chars`; every other token is legal unless it closes a
+    number that is not a whole span, so only `special` is checked one by one outside quoted strings."""
+    if state.quoted:  # like value_ids: the tokens whose first character follows the text somewhere, or a quote
+        n = len(state.text)
+        firsts = {source[j + n] for j in word_starts(source, state.text) if j + n < len(source)} | {"'"}
+        ids = {i for c in firsts for i in by_first.get(c, ()) if literal_step(state, strings[i], source) is not None}
+        return sorted(ids), True
+    plain_legal = not state.text or state.glued or is_span(source, state.text)
+    bad = {i for i in special if literal_step(state, strings[i], source) is None}
+    if plain_legal:
+        return sorted(bad), False
+    return sorted(set(special) - bad), True
