@@ -27,3 +27,16 @@ def test_tool_returns_typed_errors_and_signals():
     assert wrong_type.error_kind is ToolErrorKind.BAD_ARGUMENTS
     missing = calculator()
     assert missing.error_kind is ToolErrorKind.BAD_ARGUMENTS and "missing" in missing.text
+
+
+@pytest.mark.parametrize("expr", ["2doc_id 1", "1if 1 else 2", "0x1for"])
+def test_text_python_warns_about_is_rejected_without_a_warning(expr):
+    """Python's parser prints a SyntaxWarning for these (a number run into a name); a policy that writes them
+    must get an error observation, not a line on the trainer's stderr per call."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CalculatorError, match="not a valid arithmetic expression"):
+            evaluate(expr)
+    assert caught == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 
 from agentgrad.tools.base import TOOLS, ToolErrorKind, ToolResult, tool
 
@@ -45,7 +46,9 @@ def evaluate(expression: str) -> int | float:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with warnings.catch_warnings():  # the policy's text, not ours: "1if" would print a SyntaxWarning per call
+            warnings.simplefilter("error", SyntaxWarning)
+            tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError):  # ValueError: null bytes, lone surrogates
         raise CalculatorError("not a valid arithmetic expression") from None
     value = _eval(tree)
