@@ -24,16 +24,18 @@ from agentgrad.config_sections import (
     AdaptiveConfig,
     CriticConfig,
     DPOConfig,
+    EnvConfig,
     EvalConfig,
     FaultsConfig,
     LearnerConfig,
     LoraConfig,
-    McpServerConfig,
+    McpServerConfig,  # noqa: F401 (re-exported: import config sections from agentgrad.config)
     MctsConfig,
     MetricsConfig,
     MismatchConfig,
     ReplayConfig,
     RestConfig,
+    RewardConfig,
     RunConfig,
     Section,
     SinkName,  # noqa: F401 (re-exported: the config accepts these sink names)
@@ -110,27 +112,6 @@ class ModelConfig(Section):
         return value
 
 
-class EnvConfig(Section):
-    name: str = Field("arithmetic", description="Task suite: a registered name (arithmetic, search-qa, ...), an "
-                                                "import path of your own suite class ('my_module:MySuite', the "
-                                                "current directory importable), or an entry point of "
-                                                "'agentgrad.suites'.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Options passed to the suite's constructor "
-                                    "(a relative 'path' or '*_path' option that exists is made absolute, so the "
-                                    "run's config.yaml works from any directory).")
-    mcp_servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers whose tools every "
-                                               "env of the suite also offers; a tool named like one of the suite's "
-                                               "replaces it (docs/mcp.md). Each: name, and command (+ args, env, "
-                                               "cwd) or url (+ headers); tools, timeout_s, connect_timeout_s.")
-
-
-class RewardConfig(Section):
-    name: str = Field("outcome", description="Reward function: a registered name (outcome, verifier, process, "
-                                             "shaped, judge) or 'module.path:callable'.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Options for the reward factory "
-                                                                      "(e.g. cap, facts for 'shaped').")
-
-
 class RolloutConfig(Section):
     max_turns: int = Field(4, gt=0, description="Policy turns per episode before it is stopped (max_turns).")
     max_new_tokens_per_turn: int = Field(48, gt=0, description="Generated tokens per turn.")
@@ -153,12 +134,10 @@ class RolloutConfig(Section):
                                  "distribution, scored alike by the learner. For extractive tools (search for a name "
                                  "in the question, open a listed id); needs a template with <tool_call> blocks.")
 
-    copy_literals: list[str] = Field(default_factory=list, description="Composed arguments whose literals are "
-                                     "copied: 'tool.argument' patterns (e.g. sql.query, python.code). The argument "
-                                     "is written freely, but each number in it (a digit run not part of a name) and "
-                                     "each '-quoted string must be a whole span of what the episode has read, so a "
-                                     "fact is not misremembered; scored alike by the learner. Strings in double "
-                                     "quotes and numbers right after a letter are not checked.")
+    copy_literals: list[str] = Field(default_factory=list, description="Composed arguments ('tool.argument', e.g. "
+                                     "sql.query) written freely except that each number (a digit run not glued to a "
+                                     "name) and '-quoted string in them must be a whole span of what the episode has "
+                                     "read; scored alike by the learner. Double-quoted strings are not checked.")
 
     @field_validator("copy_args", "copy_literals")
     @classmethod

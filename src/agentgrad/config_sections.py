@@ -3,7 +3,7 @@ them, so import from there."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -58,6 +58,27 @@ class McpServerConfig(Section):
         if (self.command is None) == (self.url is None):
             raise ValueError(f"MCP server {self.name!r}: set exactly one of command (stdio) or url (HTTP)")
         return self
+
+
+class EnvConfig(Section):
+    name: str = Field("arithmetic", description="Task suite: a registered name (arithmetic, search-qa, ...), an "
+                                                "import path of your own suite class ('my_module:MySuite', the "
+                                                "current directory importable), or an entry point of "
+                                                "'agentgrad.suites'.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Options passed to the suite's constructor "
+                                    "(a relative 'path' or '*_path' option that exists is made absolute, so the "
+                                    "run's config.yaml works from any directory).")
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers whose tools every "
+                                               "env of the suite also offers; a tool named like one of the suite's "
+                                               "replaces it (docs/mcp.md). Each: name, and command (+ args, env, "
+                                               "cwd) or url (+ headers); tools, timeout_s, connect_timeout_s.")
+
+
+class RewardConfig(Section):
+    name: str = Field("outcome", description="Reward function: a registered name (outcome, verifier, process, "
+                                             "shaped, judge) or 'module.path:callable'.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Options for the reward factory "
+                                                                      "(e.g. cap, facts for 'shaped').")
 
 
 class AdaptiveConfig(Section):
