@@ -100,8 +100,8 @@ class ToolNameDecoder:
         if mask is not None and not mask.final_answer and OPEN not in text:
             return self.eos_token_ids, False  # answering is illegal: this turn may not end without a call
         if copy.answer and start < 0:
-            return self._cached(("answer", source, text), lambda: answer_ids(
-                self.strings, self._by_first, source, text, self.eos_token_ids))
+            return self._cached(("answer", source, text), lambda: (answer_ids(
+                self.strings, self._by_first, source, text, self.eos_token_ids), True))
         return None
 
     def _value_rule(self, copy: CopySpec, source: str, name_and_rest: str) -> Rule | None:
@@ -109,21 +109,16 @@ class ToolNameDecoder:
         if opened is not None and copy.copies(opened[0], opened[1]):
             partial = opened[2]
             return self._cached(("value", source, partial),
-                                lambda: value_ids(self.strings, self._by_first, source, partial))
+                                lambda: (value_ids(self.strings, self._by_first, source, partial), True))
         opened = open_value(name_and_rest, escapes=True) if copy.literals else None
         if opened is not None and copy.copies_literals(opened[0], opened[1]):
             return self._literal_rule(source, opened[2])
         return None
 
     def _literal_rule(self, source: str, partial: str) -> Rule | None:
-        key = ("literal", source, self._literal_state(partial))
-        if key not in self._copy_rules:
-            if len(self._copy_rules) > _CACHE_LIMIT:
-                self._copy_rules.clear()
-            ids, allow = literal_ids(self.strings, self._by_first, self._literal_tokens, source, key[2])
-            # nothing legal (leave the row free rather than all -inf) or nothing illegal: no rule
-            self._copy_rules[key] = (tuple(ids), allow) if ids else None
-        return self._copy_rules[key]
+        state = self._literal_state(partial)
+        return self._cached(("literal", source, state), lambda: literal_ids(
+            self.strings, self._by_first, self._literal_tokens, source, state))
 
     def _literal_state(self, partial: str) -> LiteralState:
         """The state of `partial`, stepped from the longest of its recent prefixes already seen (a row grows its
@@ -136,13 +131,16 @@ class ToolNameDecoder:
             states[partial] = literal_state(partial[k:], states.get(partial[:k], LiteralState()))
         return states[partial]
 
-    def _cached(self, key: tuple[str, str, str], ids: Callable[[], list[int]]) -> Rule | None:
+    def _cached(self, key: tuple[str, str, str | LiteralState], rule: Callable[[], tuple[list[int], bool]]
+                ) -> Rule | None:
+        """The copy rule under `key`, computed once by `rule` as (ids, allow)."""
         if key not in self._copy_rules:
             if len(self._copy_rules) > _CACHE_LIMIT:
                 self._copy_rules.clear()
-            legal = tuple(sorted(set(ids())))
-            # nothing continues (e.g. a source without the text): leave the row free rather than all -inf
-            self._copy_rules[key] = (legal, True) if legal else None
+            ids, allow = rule()
+            # no id listed: nothing legal (e.g. a source without the text; leave the row free rather than all
+            # -inf) or nothing illegal; either way no rule
+            self._copy_rules[key] = (tuple(sorted(set(ids))), allow) if ids else None
         return self._copy_rules[key]
 
     def _in_name(self, tail: str) -> bool:

@@ -172,7 +172,6 @@ def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], so
     return ids
 
 
-
 @dataclass(frozen=True)
 class LiteralState:
     """Where a composed value stands: inside a '-quoted string (`quoted`; `text` is the string so far) or outside
@@ -233,9 +232,8 @@ def literal_chars(s: str) -> bool:
 def literal_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], special: Sequence[int], source: str,
                 state: LiteralState) -> tuple[list[int], bool]:
     """The tokens that may follow a composed value (`rollout.copy_literals`) in `state` (`literal_state`), as
-    (ids, allow): the
-    legal ones (allow) or the illegal ones (not allow). A token is illegal when it breaks a literal
-    (`literal_step`). `special`: the tokens with `literal_chars`; every other token is legal unless it closes a
+    (ids, allow): the legal ones (allow) or the illegal ones (not allow). A token is illegal when it breaks a
+    literal (`literal_step`). `special`: the tokens with `literal_chars`; every other token is legal unless it closes a
     number that is not a whole span, so only `special` is checked one by one outside quoted strings."""
     if state.quoted:  # like value_ids: the tokens whose first character follows the text somewhere, or a quote
         n = len(state.text)
