@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 
 from agentgrad.tools.base import ToolErrorKind
@@ -33,8 +35,6 @@ def test_tool_returns_typed_errors_and_signals():
 def test_text_python_warns_about_is_rejected_without_a_warning(expr):
     """Python's parser prints a SyntaxWarning for these (a number run into a name); a policy that writes them
     must get an error observation, not a line on the trainer's stderr per call."""
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(CalculatorError, match="not a valid arithmetic expression"):

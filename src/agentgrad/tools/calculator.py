@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 import warnings
 
 from agentgrad.tools.base import TOOLS, ToolErrorKind, ToolResult, tool
@@ -41,12 +42,18 @@ def _eval(node: ast.AST) -> int | float:
     raise CalculatorError(f"unsupported syntax: {type(node).__name__}")
 
 
+_PARSE_LOCK = threading.Lock()
+
+
 def evaluate(expression: str) -> int | float:
     """Evaluate +, -, *, /, //, %, ** and parentheses over numbers. Raises CalculatorError on anything else."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        with warnings.catch_warnings():  # the policy's text, not ours: "1if" would print a SyntaxWarning per call
+        # the policy's text, not ours: "1if" would print a SyntaxWarning per call. The filter is process-wide and
+        # tools run in a thread pool, so one parse at a time keeps concurrent calls from restoring each other's
+        # filters out of order.
+        with _PARSE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("error", SyntaxWarning)
             tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError):  # ValueError: null bytes, lone surrogates
