@@ -47,9 +47,9 @@ def main(backend: str, out: str) -> None:
     if backend == "fsdp":
         dist.init_process_group("gloo")
     else:
-        import deepspeed
+        from agentgrad.backends.deepspeed import init_distributed
 
-        deepspeed.init_distributed(dist_backend="gloo")
+        init_distributed("gloo")
     model = _model("qwen2")  # seeded: the same initial weights on every rank and in the test
     full_numel = sum(p.numel() for p in model.parameters())
     learner = make_learner(backend, model)
@@ -64,10 +64,20 @@ def main(backend: str, out: str) -> None:
     resumed = round_trip(backend, learner, batch)
     if dist.get_rank() == 0:
         torch.save({"losses": losses, "grad_norms": norms, "state": state, "world_size": dist.get_world_size(),
-                    "local_fraction": local_fraction, "resume": resumed}, out)
+                    "local_fraction": local_fraction, "resume": resumed, "shm_op": shm_op_built(backend)}, out)
     dist.barrier()  # rank 0's file is written before any rank ends
     leave_processes()
     end_rank_process()  # without the interpreter's finalization, as a run's ranks end (its docstring says why)
+
+
+def shm_op_built(backend: str) -> bool:
+    """Whether DeepSpeed built its shared-memory all-reduce op (agentgrad.backends.deepspeed.init_distributed
+    keeps it from being compiled on gloo)."""
+    if backend == "fsdp":
+        return False
+    from deepspeed.comm import comm
+
+    return comm.cdb.shm_comm_op is not None
 
 
 def to_bytes(obj) -> bytes:

@@ -40,7 +40,7 @@ def test_shared_prefix_bc_gives_the_plain_loss_and_gradients(tmp_path):
         assert torch.allclose(shared_grads[name], g, rtol=1e-4, atol=1e-5 * float(g.abs().max())), name
 
 
-def _bc_losses(tmp_path, *overrides, steps=40):
+def _bc_losses(tmp_path, *overrides, steps=16):
     c = _components(tmp_path, "bc.lr=3e-3", *overrides)
     demos = expert_demos(c, 256, seed=1)
     rng = random.Random(0)
@@ -48,9 +48,11 @@ def _bc_losses(tmp_path, *overrides, steps=40):
 
 
 def test_short_bf16_bc_run_lowers_its_loss_like_fp32(tmp_path):
-    """40 BC steps from the same init on the same minibatches: fp32 at least halves the token loss; bf16 autocast
+    """16 BC steps from the same init on the same minibatches: fp32 at least halves the token loss; bf16 autocast
     must do the same, its mean loss over the last 5 steps within 10% of fp32's (bf16 rounding is ~0.4% per
-    operation; a broken bf16 backward would leave the loss near its start)."""
+    operation; a broken bf16 backward would leave the loss near its start). Measured: 6.27 -> 1.23 over the last
+    5 steps for both (halved by step 8), the tails 0.2% apart; 16 steps, not 40, as bf16 is emulated (~4x slower
+    than fp32) on CPUs without avx512_bf16."""
     fp32 = _bc_losses(tmp_path / "fp32", "model.compute_dtype=fp32", "bc.shared_prefix=true")
     bf16 = _bc_losses(tmp_path / "bf16", "model.compute_dtype=bf16", "bc.shared_prefix=true")
     tail32, tail16 = sum(fp32[-5:]) / 5, sum(bf16[-5:]) / 5

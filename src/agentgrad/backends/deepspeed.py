@@ -20,6 +20,22 @@ import torch
 from agentgrad.backends.hf import TorchLearner
 
 
+def init_distributed(backend: str) -> None:
+    """`deepspeed.init_distributed`, without the shared-memory all-reduce op on gloo. DeepSpeed builds that C++ op
+    (a JIT compile of about a minute on a 2-vCPU machine, once per machine, and a compiler needed) whenever its
+    CPU accelerator forms a group, but only its inference all-reduce uses it; training's collectives go through
+    torch.distributed, so on CPU the op is marked incompatible and never built."""
+    import deepspeed
+    import deepspeed.ops
+
+    if backend == "gloo":
+        # a module __getattr__ probes every op once per process and keeps the dict, so marking it here holds
+        compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+        if isinstance(compatible, dict):
+            compatible["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend=backend)
+
+
 def zero_config(stage: int, grad_clip: float, offload_optimizer: bool = False) -> dict[str, Any]:
     """The engine config: one micro-batch per step (the pipeline owns batching), ZeRO `stage`, the clip."""
     zero: dict[str, Any] = {"stage": stage}

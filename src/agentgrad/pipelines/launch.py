@@ -74,9 +74,9 @@ def init_processes(config: Config) -> int:
         if config.learner.backend == "deepspeed":
             if not cuda:
                 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            import deepspeed
+            from agentgrad.backends.deepspeed import init_distributed
 
-            deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+            init_distributed("nccl" if cuda else "gloo")
         else:
             dist.init_process_group("nccl" if cuda else "gloo")
     finally:
