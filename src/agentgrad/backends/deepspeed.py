@@ -22,7 +22,7 @@ from agentgrad.backends.hf import TorchLearner
 
 def init_distributed(backend: str) -> None:
     """`deepspeed.init_distributed`, without the shared-memory all-reduce op on gloo. DeepSpeed builds that C++ op
-    (a JIT compile of about a minute on a 2-vCPU machine, once per machine, and a compiler needed) whenever its
+    (a JIT compile with ninja and g++, 45-85 s once per 2-vCPU machine) whenever its
     CPU accelerator forms a group, but only its inference all-reduce uses it; training's collectives go through
     torch.distributed, so on CPU the op is marked incompatible and never built."""
     import deepspeed
