@@ -186,7 +186,7 @@ def eval_cmd(
     except (ConfigError, ModelLoadError, FileNotFoundError) as exc:
         _fail(str(exc))
     torch.set_num_threads(config.run.threads)
-    policy, codec = inference(loaded, config.model, batch_invariant=config.rollout.batch_invariant)
+    policy, codec = inference(loaded, config.model, config.rollout)
     from agentgrad.envs import close_suite
     from agentgrad.registry import ImportRefError, UnknownNameError
     from agentgrad.tools.mcp import McpError

@@ -11,11 +11,13 @@ from agentgrad.backends.hf import HFPolicy
 from agentgrad.backends.scoring import token_logprobs
 
 
-@pytest.fixture(params=["lean", "transformers"])
+@pytest.fixture(params=["lean", "lean-torch-attention", "transformers"])
 def policy(request, loaded_tiny, monkeypatch):
     if request.param == "transformers":  # the generic path through the model's own modules and SlotCache
         monkeypatch.setattr(hf_engine.LeanDecoder, "supports", staticmethod(lambda model: False))
-    return HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id)
+    # "lean": the compiled attention where this machine can build it (backends/native.py); else torch's ops
+    return HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id,
+                    native_attention=request.param == "lean")
 
 
 def _full_forward_logprobs(model, seq, temperature):
@@ -146,7 +148,7 @@ def test_a_session_takes_over_the_last_sessions_cache_and_samples_as_a_fresh_one
             buf.fill_(float("nan"))
     reused = policy.generate(short_prompts, sampling)
     assert policy._spare_cache is first  # the same memory, reset in between
-    fresh = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids,
-                     pad_token_id=loaded_tiny.pad_token_id).generate(short_prompts, sampling)
+    fresh = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids, pad_token_id=loaded_tiny.pad_token_id,
+                     native_attention=policy.native_attention).generate(short_prompts, sampling)
     assert [g.token_ids for g in reused] == [g.token_ids for g in fresh]
     assert [g.logprobs for g in reused] == [g.logprobs for g in fresh]

@@ -40,9 +40,11 @@ class HFPolicy:
     """
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                 tool_head: torch.nn.Module | None = None, batch_invariant: bool = False) -> None:
+                 tool_head: torch.nn.Module | None = None, batch_invariant: bool = False,
+                 native_attention: bool = True) -> None:
         self.model = model
         self.batch_invariant = batch_invariant  # rollout.batch_invariant: see HFSession._hidden
+        self.native_attention = native_attention  # rollout.native_attention: see backends/native.py
         self.tool_head = tool_head  # a factored action head the agent loop asks (rollout.action_head=factored)
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
@@ -60,7 +62,8 @@ class HFPolicy:
             session = HFSession(self.model, sampling, eos_token_ids=self.eos_token_ids,
                                 pad_token_id=self.pad_token_id, cache_kw=self._cache_kw, max_sequences=max_sequences,
                                 max_tokens=max_tokens, logits_processor=logits_processor, pause=pause,
-                                batch_invariant=self.batch_invariant, max_batch=max_batch, spare=spare)
+                                batch_invariant=self.batch_invariant, max_batch=max_batch, spare=spare,
+                                native_attention=self.native_attention)
             yield session
             if session.cache.k[0].device.type == "cpu":  # a GPU's caching allocator already reuses the memory
                 self._spare_cache = session.cache

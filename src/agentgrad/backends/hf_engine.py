@@ -18,6 +18,7 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from agentgrad.algos.sampling import counter_uniform, next_token_logprobs, sample_rows
+from agentgrad.backends import native
 from agentgrad.backends.base import Generation, LogitsProcessor, PauseFn, SamplingParams
 from agentgrad.backends.lean import LeanStack, grouped_attention, layer_weights, linear_rows
 from agentgrad.backends.lean import supports as lean_supports
@@ -100,6 +101,7 @@ class CachedAttention:
     of those slots under `bias` (B, 1, 1, q, L)."""
 
     linear = staticmethod(linear_rows)
+    takes_projections = False
 
     def __init__(self, cache: SlotCache, write_pos: torch.Tensor, rows: torch.Tensor | None,
                  bias: torch.Tensor, first: int = 0) -> None:
@@ -120,6 +122,30 @@ class CachedAttention:
         return grouped_attention(q, K, V, self.bias)
 
 
+class NativeAttention:
+    """`LeanStack` attention through the compiled kernel (`native.py`): RoPE, the cache write at `write_pos`
+    (B, q) of slots `rows` (None: first..first+B-1) and the attention in one call per layer; the same numbers as
+    `CachedAttention` up to float rounding. The kernel takes one token at a time, in order, so a row's q new
+    tokens are q consecutive entries (each written before the next attends over it), and each attends over its
+    own row's positions 0..its own: no (B, q, L) mask, and no dependence on the other rows."""
+
+    linear = staticmethod(linear_rows)
+    takes_projections = True
+
+    def __init__(self, fn, cache: SlotCache, write_pos: torch.Tensor, rows: torch.Tensor | None, first: int,
+                 cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
+        B, q = write_pos.shape
+        self.fn, self.cache, self.cos, self.sin, self.heads = fn, cache, cos, sin, heads
+        slots = rows if rows is not None else torch.arange(first, first + B, device=write_pos.device)  # (B,)
+        self.slots = slots.repeat_interleave(q) if q > 1 else slots  # (B*q,)
+        self.positions = write_pos.reshape(-1)  # (B*q,)
+        self.scratch = cos.new_empty((heads // cache.k[0].shape[1], cache.capacity))
+
+    def attend_projections(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        return native.decode_attention(self.fn, qkv, self.cos, self.sin, self.slots, self.positions,
+                                       self.cache.k[layer], self.cache.v[layer], self.heads, self.scratch)
+
+
 class LeanDecoder:
     """`LeanStack` over a session's slot cache (`CachedAttention`). The weights are fused once per session, with
     the attention scale folded into the query rows, so a session must not outlive a weight update; RoPE rows
@@ -127,11 +153,15 @@ class LeanDecoder:
 
     supports = staticmethod(lean_supports)
 
-    def __init__(self, body: torch.nn.Module, max_positions: int) -> None:
+    def __init__(self, body: torch.nn.Module, max_positions: int, native_attention: bool = False) -> None:
         self.stack = LeanStack(body)
         with torch.no_grad():
             self.layers = layer_weights(body, query_scale=self.stack.head_dim ** -0.5)
         self.cos, self.sin = self.stack.rope_table(max_positions)  # (P, d)
+        weight = body.embed_tokens.weight
+        st = self.stack
+        self.native = (native.kernel() if native_attention and native.supports(
+            st.heads, st.kv_heads, st.head_dim, weight.dtype, weight.device) else None)
 
     def positions(self, needed: int) -> None:
         if needed > self.cos.shape[0]:
@@ -143,6 +173,10 @@ class LeanDecoder:
         B, q = input_ids.shape
         L = cache.kv_len
         self.positions(L)
+        if self.native is not None:
+            attention = NativeAttention(self.native, cache, write_pos, rows, first, self.cos, self.sin,
+                                              self.stack.heads)
+            return self.stack.hidden(input_ids, self.cos, self.sin, self.layers, attention)
         keys = torch.arange(L, device=input_ids.device)
         dtype = self.stack.body.embed_tokens.weight.dtype
         bias = torch.zeros((B, 1, 1, q, L), dtype=dtype, device=input_ids.device)  # broadcast over (kv head, group)
@@ -164,14 +198,16 @@ class HFSession:
     def __init__(self, model: torch.nn.Module, sampling: SamplingParams, *, eos_token_ids: Sequence[int],
                  pad_token_id: int, cache_kw: str, max_sequences: int, max_tokens: int,
                  logits_processor: LogitsProcessor | None = None, pause: PauseFn | None = None,
-                 batch_invariant: bool = False, max_batch: int | None = None, spare: SlotCache | None = None) -> None:
+                 batch_invariant: bool = False, max_batch: int | None = None, spare: SlotCache | None = None,
+                 native_attention: bool = False) -> None:
         self.model, self.sampling, self.logits_processor = model, sampling, logits_processor
         # Fewer decoding than resident sequences (the rest wait on tools): the generating slots are a window
         # anywhere in the cache, so a dense decode starts at the first of them, not at slot 0.
         self.windowed = max_batch is not None and max_batch < max_sequences
         self.pause, self.batch_invariant = pause, batch_invariant
         self.body, self.head = model_parts(model)
-        self.lean = LeanDecoder(self.body, max_tokens + 1) if LeanDecoder.supports(model) else None
+        self.lean = (LeanDecoder(self.body, max_tokens + 1, native_attention) if LeanDecoder.supports(model)
+                     else None)
         self.pad_token_id, self.cache_kw, self.max_tokens = pad_token_id, cache_kw, max_tokens
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
@@ -286,15 +322,25 @@ class HFSession:
             compute.append(r)
         return compute, duplicates
 
-    def _remember_prefix(self, slots: list[int], seqs: list[list[int]]) -> None:
-        """Keep the keys/values of the prefix that all distinct new prompts share, for later admissions."""
-        if self._prefix_ids or len(seqs) < 2:
+    def _compute_prefix(self, slots: list[int], seqs: list[list[int]]) -> None:
+        """Run the prefix that this session's first distinct prompts share (system prompt, tool list) once, in
+        one row, and keep its keys/values: `_share_prompts` then copies it into every new prompt's slot, this
+        batch's and later admissions' alike, instead of each distinct prompt computing it again."""
+        if self._prefix_ids:
             return
-        prefix = os.path.commonprefix(seqs)
-        if len(prefix) >= 4:
-            self._prefix_ids = list(prefix)
-            self._prefix_k = [layer[slots[0], :, : len(prefix)].clone() for layer in self.cache.k]
-            self._prefix_v = [layer[slots[0], :, : len(prefix)].clone() for layer in self.cache.v]
+        fresh = list({tuple(ids): slot for slot, ids in zip(slots, seqs) if self.length[slot] == 0}.items())
+        if not fresh:
+            return
+        prompts = [list(ids) for ids, _ in fresh]
+        n = min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1)
+        if n < 4:
+            return
+        slot = fresh[0][1]
+        self._hidden(torch.tensor([prompts[0][:n]], dtype=torch.long, device=self.device),
+                     torch.arange(n, device=self.device)[None], torch.tensor([slot], device=self.device))
+        self._prefix_ids = prompts[0][:n]
+        self._prefix_k = [layer[slot, :, :n].clone() for layer in self.cache.k]
+        self._prefix_v = [layer[slot, :, :n].clone() for layer in self.cache.v]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lean is not None and isinstance(self.head, torch.nn.Linear):
@@ -304,7 +350,7 @@ class HFSession:
     def _prefill(self) -> list[tuple[Hashable, Generation]]:
         slots = sorted(self._queued)
         seqs = [self._queued.pop(s) for s in slots]
-        new_prompts = [list(seq) for slot, seq in zip(slots, seqs) if self.length[slot] == 0]
+        self._compute_prefix(slots, seqs)
         compute, duplicates = self._share_prompts(slots, seqs)
         c_slots = [slots[r] for r in compute]
         rows = torch.tensor(c_slots, dtype=torch.long, device=self.device)  # (R,)
@@ -317,7 +363,6 @@ class HFSession:
         hidden = self._hidden(input_ids, write_pos, rows)  # (R, q, H)
         last = hidden[torch.arange(len(compute), device=self.device), lens - 1]  # (R, H)
         self.length[rows] += lens
-        self._remember_prefix(c_slots, [p for p in new_prompts if p])
         logits = self._logits(last)  # (R, V)
         if duplicates:
             where = {r: i for i, r in enumerate(compute)}

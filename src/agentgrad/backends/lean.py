@@ -122,9 +122,14 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
 
 
 class Attention(Protocol):
-    """Where a layer's keys and values come from and go to. `linear` is the matmul the stack uses with it."""
+    """Where a layer's keys and values come from and go to. `linear` is the matmul the stack uses with it.
+
+    A strategy whose `takes_projections` is True applies RoPE itself: the stack calls its
+    `attend_projections(layer, qkv)` with the layer's raw projections (N*q, (heads + 2 kv_heads) d) instead
+    (the compiled decode step, `native.py`, fuses RoPE, the cache write and the attention in one call)."""
 
     linear: Linear
+    takes_projections: bool
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (N, q, heads, d), this step's k and v (N, q, kv_heads, d) after RoPE -> (N, q, heads*d)."""
@@ -163,19 +168,24 @@ class LeanStack:
         linear = attention.linear
         x = F.embedding(ids.flatten()[real] if real is not None else ids, self.body.embed_tokens.weight)  # (R|N,q, H)
         half = d // 2
-        # rotate_half(x) * sin == x.roll(half) * (sin with its first half negated), bit for bit, and the roll is
-        # one op forward and backward where slicing, negating and concatenating are four.
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # (N, q, 1, d)
+        fused = getattr(attention, "takes_projections", False)
+        if not fused:
+            # rotate_half(x) * sin == x.roll(half) * (sin with its first half negated), bit for bit, and the roll
+            # is one op forward and backward where slicing, negating and concatenating are four.
+            sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+            cos, sin = cos[:, :, None], sin[:, :, None]  # (N, q, 1, d)
         for li, w in enumerate(layers):
             h = F.rms_norm(x, (H,), w.norm1, self.eps)
             qkv = linear(h, w.qkv, w.qkv_bias)  # (R|N,q, (heads + 2 kv_heads) d)
             if real is not None:
                 qkv = qkv.new_zeros((N * q, qkv.shape[-1])).index_copy(0, real, qkv)
-            # split, not slices: its backward is one concatenation where each slice's is a zero fill and a copy
-            qk, v = qkv.view(N, q, nh + 2 * kvh, d).split((nh + kvh, kvh), dim=2)
-            qk = qk * cos + qk.roll(half, dims=-1) * sin  # RoPE, queries and keys
-            attn = attention(li, *qk.split((nh, kvh), dim=2), v)  # (N, q, heads*d)
+            if fused:
+                attn = attention.attend_projections(li, qkv.view(N * q, -1)).view(N, q, nh * d)
+            else:
+                # split, not slices: its backward is one concatenation where each slice's is a zero fill and a copy
+                qk, v = qkv.view(N, q, nh + 2 * kvh, d).split((nh + kvh, kvh), dim=2)
+                qk = qk * cos + qk.roll(half, dims=-1) * sin  # RoPE, queries and keys
+                attn = attention(li, *qk.split((nh, kvh), dim=2), v)  # (N, q, heads*d)
             if real is not None:
                 attn = attn.reshape(N * q, nh * d).index_select(0, real)  # (R, heads*d)
             x = x + linear(attn, w.o, w.o_bias)

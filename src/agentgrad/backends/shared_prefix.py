@@ -75,6 +75,7 @@ class PrefixAttention:
     long continuations (docs/benchmarks.md, issue 17); rounding differs from the decoder's by ~1e-6."""
 
     linear = staticmethod(F.linear)
+    takes_projections = False
 
     def __init__(self, allowed: torch.Tensor, past: KV | None) -> None:
         self.allowed, self.past = allowed, past

@@ -16,7 +16,7 @@ from agentgrad.backends.base import Learner
 from agentgrad.backends.hf import HFPolicy, TorchLearner
 from agentgrad.backends.precision import ComputeDtype, resolve_compute_dtype
 from agentgrad.batch import TokenBatch, collate
-from agentgrad.config import Config, ModelConfig
+from agentgrad.config import Config, ModelConfig, RolloutConfig
 from agentgrad.envs import TaskSuite
 from agentgrad.envs import make_suite as build_suite
 from agentgrad.logging import ProgressDisplay, ProgressFn, no_progress
@@ -236,12 +236,17 @@ def _check_vocab(tokenizer: Any, family: str) -> None:
         raise ModelLoadError(f"model.chat_template={family}: the vocabulary lacks {', '.join(missing)}")
 
 
-def inference(loaded: LoadedModel, model: ModelConfig | None = None, *,
-              batch_invariant: bool = False) -> tuple[HFPolicy, ChatCodec]:
+def inference(loaded: LoadedModel, model: ModelConfig | None = None,
+              rollout: RolloutConfig | None = None) -> tuple[HFPolicy, ChatCodec]:
     """The sampling side of a loaded model: what training rollouts and `agentgrad eval` both use."""
-    policy = HFPolicy(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id,
-                      batch_invariant=batch_invariant)
-    return policy, chat_codec(loaded, model)
+    return sampling_policy(loaded, loaded.model, rollout), chat_codec(loaded, model)
+
+
+def sampling_policy(loaded: LoadedModel, model: torch.nn.Module, rollout: RolloutConfig | None) -> HFPolicy:
+    """An `HFPolicy` over `model` (the loaded one, or a replica of it) with the rollout section's engine options."""
+    rollout = rollout or RolloutConfig()
+    return HFPolicy(model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id,
+                    batch_invariant=rollout.batch_invariant, native_attention=rollout.native_attention)
 
 
 def make_learner(config: Config, loaded: LoadedModel, path: str, head: FactoredToolHead | None,
@@ -280,7 +285,7 @@ def build_components(config: Config, run_dir: Path, *, model_path: str | Path | 
                                target_modules=lora.target_modules, adapter_dir=Path(path) / ADAPTER_DIR)
     else:  # a LoRA run's checkpoint trained on in full: its adapters merged in, not dropped
         loaded.model = merge_saved_adapter(loaded.model, path)
-    policy, codec = inference(loaded, config.model, batch_invariant=config.rollout.batch_invariant)
+    policy, codec = inference(loaded, config.model, config.rollout)
     head = make_tool_head(config, suite, loaded, path)
     policy.tool_head = head
     # BC sets its own learning rate every step (bc_lr); RL sets algo.lr when it starts.

@@ -60,8 +60,7 @@ class RolloutWorker:
         torch.set_num_threads(self.config.run.threads)
         self.suite = make_suite(self.config)
         loaded = load_model(model_dir, dtype=self.config.model.dtype, device=self.config.model.device)
-        self.policy, self.codec = inference(loaded, self.config.model,
-                                            batch_invariant=self.config.rollout.batch_invariant)
+        self.policy, self.codec = inference(loaded, self.config.model, self.config.rollout)
         self.limits, self.sampler = episode_limits(self.config), sampler_settings(self.config)
         self.version: int | None = None
 

@@ -14,7 +14,7 @@ from agentgrad.backends.hf import HFPolicy
 from agentgrad.config import Config
 from agentgrad.envs.base import Env, TaskSuite, close_envs
 from agentgrad.envs.faults import FaultInjectingEnv
-from agentgrad.pipelines.components import Components
+from agentgrad.pipelines.components import Components, sampling_policy
 from agentgrad.rollout.chat import ChatCodec
 from agentgrad.rollout.loop import run_episodes
 from agentgrad.types import Task, Trajectory
@@ -66,8 +66,7 @@ def sampling_replica(c: Components) -> tuple[HFPolicy, ChatCodec]:
     background thread while the learner updates the live model (tokenizers are not safe to share across threads)."""
     if c.sampling_replica is None:
         model = copy.deepcopy(c.loaded.model).eval().requires_grad_(False)
-        policy = HFPolicy(model, eos_token_ids=c.loaded.eos_token_ids, pad_token_id=c.loaded.pad_token_id,
-                          batch_invariant=c.config.rollout.batch_invariant)
+        policy = sampling_policy(c.loaded, model, c.config.rollout)
         c.sampling_replica = (policy, copy.deepcopy(c.codec))
     return c.sampling_replica
 
