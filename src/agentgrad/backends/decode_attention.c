@@ -85,9 +85,11 @@ static inline v8 reduce8x8(const v8 *r) {
     return SHUF(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-/* One (row, kv head): the queries q (G, D8*8), RoPE already applied, over keys/values K, V (L, D8*8); G and D8
- * are compile-time constants in the common cases (`attend` below) so that q stays in registers. */
+/* One (row, kv head): the queries q (G, D8*8), RoPE already applied, over L keys/values, positions below `sh` read
+ * from Ks, Vs (the same numbers, in another slot: see decode_attention) and the rest from K, V (each (C, D8*8)).
+ * G and D8 are compile-time constants in the common cases (`attend` below) so that q stays in registers. */
 static inline __attribute__((always_inline)) void attend_head(const float *q, const float *K, const float *V,
+                                                              const float *Ks, const float *Vs, int64_t sh,
                                                               int64_t L, int64_t C, float *scratch, float *o,
                                                               const int64_t G, const int64_t D8) {
     const int64_t d = D8 * 8;
@@ -100,7 +102,7 @@ static inline __attribute__((always_inline)) void attend_head(const float *q, co
         for (; l + 8 <= L; l += 8) {
             v8 r[8];
             for (int64_t p = 0; p < 8; p++) {
-                const float *kk = K + (l + p) * d;
+                const float *kk = (l + p < sh ? Ks : K) + (l + p) * d;
                 v8 a = load8(qq) * load8(kk);
                 for (int64_t i = 1; i < D8; i++) a += load8(qq + 8 * i) * load8(kk + 8 * i);
                 r[p] = a;
@@ -112,7 +114,7 @@ static inline __attribute__((always_inline)) void attend_head(const float *q, co
         float mj = -INFINITY;
         for (int64_t i = 0; i < 8; i++) mj = mx[i] > mj ? mx[i] : mj;
         for (; l < L; l++) {
-            const float *kk = K + l * d;
+            const float *kk = (l < sh ? Ks : K) + l * d;
             v8 a = load8(qq) * load8(kk);
             for (int64_t i = 1; i < D8; i++) a += load8(qq + 8 * i) * load8(kk + 8 * i);
             sc[l] = hsum8(a);
@@ -144,7 +146,7 @@ static inline __attribute__((always_inline)) void attend_head(const float *q, co
     v8 acc[MAX_GROUP * MAX_HEAD_DIM / 8];
     for (int64_t x = 0; x < G * D8; x++) acc[x] = splat(0.0f);
     for (int64_t l = 0; l < L; l++) {
-        const float *vv = V + l * d;
+        const float *vv = (l < sh ? Vs : V) + l * d;
         for (int64_t i = 0; i < D8; i++) {
             v8 b = load8(vv + 8 * i);
             for (int64_t j = 0; j < G; j++) acc[j * D8 + i] += scratch[j * C + l] * b;
@@ -155,13 +157,13 @@ static inline __attribute__((always_inline)) void attend_head(const float *q, co
 }
 
 #define CASE(g_, d8_) \
-    if (G == g_ && D8 == d8_) { attend_head(q, K, V, L, C, scratch, o, g_, d8_); return; }
+    if (G == g_ && D8 == d8_) { attend_head(q, K, V, Ks, Vs, sh, L, C, scratch, o, g_, d8_); return; }
 
-static void attend(const float *q, const float *K, const float *V, int64_t L, int64_t C, float *scratch, float *o,
-                   int64_t G, int64_t D8) {
+static void attend(const float *q, const float *K, const float *V, const float *Ks, const float *Vs, int64_t sh,
+                   int64_t L, int64_t C, float *scratch, float *o, int64_t G, int64_t D8) {
     CASE(1, 4) CASE(2, 4) CASE(4, 4) CASE(1, 8) CASE(2, 8) CASE(4, 8) CASE(7, 8) CASE(8, 8)
     CASE(1, 16) CASE(2, 16) CASE(4, 16) CASE(7, 16) CASE(8, 16)
-    attend_head(q, K, V, L, C, scratch, o, G, D8);
+    attend_head(q, K, V, Ks, Vs, sh, L, C, scratch, o, G, D8);
 }
 
 /* Returns 0, or -1 when a shape is outside what this kernel handles (the caller checks `supported` first).
@@ -171,12 +173,15 @@ static void attend(const float *q, const float *K, const float *V, int64_t L, in
  * cos, sin (P, d)               RoPE tables; row p is position p
  * slots    (N,)                 each row's slot in the cache
  * pos      (N,)                 each row's position: its key/value goes there and it attends to 0..pos
+ * src, shared (N,)              positions below shared[n] are read from slot src[n] instead: a slot that holds
+ *                               the same keys/values there (GRPO's samples of one prompt), so a group's prompt is
+ *                               streamed from memory once and from cache by the rest (src = slot, shared = 0: none)
  * k, v     (S, kvh, C, d)       the layer's slot cache, contiguous
  * out      (N, nh d)
  * scratch  (nh / kvh, C)        per-call workspace */
 int decode_attention(const float *qkv, const float *cos, const float *sin, const int64_t *slots,
-                     const int64_t *pos, float *k, float *v, float *out, int64_t N, int64_t nh, int64_t kvh,
-                     int64_t d, int64_t C, float *scratch) {
+                     const int64_t *pos, const int64_t *src, const int64_t *shared, float *k, float *v, float *out,
+                     int64_t N, int64_t nh, int64_t kvh, int64_t d, int64_t C, float *scratch) {
     int64_t g = nh / kvh, width = (nh + 2 * kvh) * d;
     if (g > MAX_GROUP || d > MAX_HEAD_DIM || d % 8 != 0 || nh % kvh != 0) return -1;
     float q[MAX_GROUP * MAX_HEAD_DIM];
@@ -185,10 +190,11 @@ int decode_attention(const float *qkv, const float *cos, const float *sin, const
         const float *row = qkv + n * width, *c = cos + p * d, *s = sin + p * d;
         for (int64_t h = 0; h < kvh; h++) {
             float *K = k + (slots[n] * kvh + h) * C * d, *V = v + (slots[n] * kvh + h) * C * d;
+            const float *Ks = k + (src[n] * kvh + h) * C * d, *Vs = v + (src[n] * kvh + h) * C * d;
             rope(row + (nh + h) * d, c, s, d, K + p * d);
             memcpy(V + p * d, row + (nh + kvh + h) * d, d * sizeof(float));
             for (int64_t j = 0; j < g; j++) rope(row + (h * g + j) * d, c, s, d, q + j * d);
-            attend(q, K, V, p + 1, C, scratch, out + n * nh * d + h * g * d, g, d / 8);
+            attend(q, K, V, Ks, Vs, shared[n], p + 1, C, scratch, out + n * nh * d + h * g * d, g, d / 8);
         }
     }
     return 0;

@@ -44,6 +44,10 @@ class SlotCache:
         self.first = 0  # with rows None: the batch is slots first..first+B-1
         self.write_pos = torch.zeros((0, 1), dtype=torch.long, device=device)  # (B, q)
         self.kv_len = 0
+        # Slot s's first alias_len[s] positions also sit, the same bits, in slot alias_src[s] (`share`): the
+        # compiled attention reads them there, so a group of samples streams its prompt from memory once.
+        self.alias_src = torch.arange(num_slots, device=device)  # (S,)
+        self.alias_len = torch.zeros(num_slots, dtype=torch.long, device=device)  # (S,)
 
     @property
     def capacity(self) -> int:
@@ -65,7 +69,22 @@ class SlotCache:
                 buf.zero_()
         self.rows, self.first, self.kv_len = None, 0, 0
         self.write_pos = self.write_pos[:0]
+        self.alias_src = torch.arange(len(self.alias_src), device=self.alias_src.device)
+        self.alias_len.zero_()
         return self
+
+    def share(self, slot: int, src: int, n: int) -> None:
+        """Copy positions 0..n-1 of slot `src` into `slot` (an identical prompt), and remember that they match."""
+        for buf in (*self.k, *self.v):
+            buf[slot, :, :n] = buf[src, :, :n]
+        self.alias_src[slot], self.alias_len[slot] = src, n
+
+    def forget(self, slot: int) -> None:
+        """`slot` is free for another sequence: no slot reads its positions in its place any more."""
+        mine = self.alias_src == slot  # (S,)
+        self.alias_len[mine] = 0
+        self.alias_src[mine] = torch.arange(len(mine), device=mine.device)[mine]
+        self.alias_len[slot], self.alias_src[slot] = 0, slot
 
     def grow(self, capacity: int, limit: int | None = None) -> None:
         """Make room for `capacity` positions per slot: doubling, so growth is rare, but not past `limit` (the
@@ -139,11 +158,13 @@ class NativeAttention:
         slots = rows if rows is not None else torch.arange(first, first + B, device=write_pos.device)  # (B,)
         self.slots = slots.repeat_interleave(q) if q > 1 else slots  # (B*q,)
         self.positions = write_pos.reshape(-1)  # (B*q,)
+        self.src, self.shared = cache.alias_src[self.slots], cache.alias_len[self.slots]  # (B*q,)
         self.scratch = cos.new_empty((heads // cache.k[0].shape[1], cache.capacity))
 
     def attend_projections(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
         return native.decode_attention(self.fn, qkv, self.cos, self.sin, self.slots, self.positions,
-                                       self.cache.k[layer], self.cache.v[layer], self.heads, self.scratch)
+                                       self.cache.k[layer], self.cache.v[layer], self.heads, self.scratch,
+                                       self.src, self.shared)
 
 
 class LeanDecoder:
@@ -273,6 +294,7 @@ class HFSession:
         self._key_of[slot] = None
         self._queued.pop(slot, None)
         self.generating[slot] = False
+        self.cache.forget(slot)
         heapq.heappush(self._free, slot)
 
     # ---- forward passes ------------------------------------------------------------------------------------
@@ -368,9 +390,7 @@ class HFSession:
             where = {r: i for i, r in enumerate(compute)}
             for dup, src in duplicates.items():
                 n = int(self.length[slots[src]])
-                for buf in (self.cache.k, self.cache.v):
-                    for layer in buf:
-                        layer[slots[dup], :, :n] = layer[slots[src], :, :n]
+                self.cache.share(slots[dup], slots[src], n)
                 self.length[slots[dup]] = n
             order = [where[duplicates.get(r, r)] for r in range(len(slots))]
             logits = logits[torch.tensor(order, device=self.device)]  # (len(slots), V)

@@ -78,7 +78,7 @@ def kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return None
     fn = lib.decode_attention
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
     return fn
 
 
@@ -90,17 +90,23 @@ def supports(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, devic
 
 def decode_attention(fn, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                      positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
-                     scratch: torch.Tensor) -> torch.Tensor:
-    """One decode step of one layer: rows' projections qkv (N, (heads + 2 kv_heads) d), RoPE rows by position
-    from cos, sin (P, d); each row's key and value written at `positions` (N,) of cache slots `slots` (N,) in
-    k_cache, v_cache (S, kv_heads, C, d), and its queries attending over positions 0..position. (N, heads*d)."""
+                     scratch: torch.Tensor, src: torch.Tensor | None = None,
+                     shared: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer for N tokens, in order: their projections qkv (N, (heads + 2 kv_heads) d), RoPE rows by
+    position from cos, sin (P, d); each token's key and value written at `positions` (N,) of cache slots `slots`
+    (N,) in k_cache, v_cache (S, kv_heads, C, d), and its queries attending over positions 0..position of its
+    slot. Positions below shared[n] (N,) are read from slot src[n] (N,), which must hold the same keys and values
+    there (None: every token reads its own slot). (N, heads*d)."""
     N = qkv.shape[0]
     _, kv_heads, capacity, d = k_cache.shape
     qkv, slots, positions = qkv.contiguous(), slots.contiguous(), positions.contiguous()
+    if src is None or shared is None:
+        src, shared = slots, torch.zeros_like(slots)
+    src, shared = src.contiguous(), shared.contiguous()
     out = qkv.new_empty((N, heads * d))
     rc = fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), positions.data_ptr(),
-            k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), N, heads, kv_heads, d, capacity,
-            scratch.data_ptr())
+            src.data_ptr(), shared.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), N, heads,
+            kv_heads, d, capacity, scratch.data_ptr())
     if rc != 0:
         raise ValueError(f"decode_attention: unsupported shape (heads {heads}, kv heads {kv_heads}, head dim {d})")
     return out
