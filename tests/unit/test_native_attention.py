@@ -136,3 +136,55 @@ def test_no_compiler_falls_back_to_torch(monkeypatch, caplog):
         monkeypatch.undo()
         native.kernel.cache_clear()
     assert native.kernel() is not None
+
+
+def test_positions_read_from_another_slot():
+    """With src/shared, a token reads its first `shared` positions from another slot: equal to reading its own
+    when the two hold the same there, and different when they do not (so the other slot is really read)."""
+    torch.manual_seed(2)
+    heads, kvh, d, C = 4, 2, 32, 40
+    k, v = torch.randn(2, kvh, C, d), torch.randn(2, kvh, C, d)
+    k[1, :, :20], v[1, :, :20] = k[0, :, :20], v[0, :, :20]
+    cos, sin = torch.randn(C, d), torch.randn(C, d)
+    qkv = torch.randn(1, (heads + 2 * kvh) * d)
+    scratch = torch.empty(heads // kvh, C)
+
+    def attend(kc, vc, shared):
+        return native.decode_attention(native.kernel(), qkv, cos, sin, torch.tensor([1]), torch.tensor([30]),
+                                       kc, vc, heads, scratch, torch.tensor([0]), torch.tensor([shared]))
+
+    own = attend(k.clone(), v.clone(), 0)
+    assert torch.equal(attend(k.clone(), v.clone(), 20), own)
+    k2 = k.clone()
+    k2[0, :, 5] += 1.0  # slot 0 no longer equals slot 1 at position 5
+    assert not torch.allclose(attend(k2, v.clone(), 20), own)
+
+
+def test_a_released_prompt_owner_is_no_longer_read(loaded_tiny):
+    """Two samples of one prompt (the second reads the prompt in the first's slot); the first is released and its
+    slot taken by another prompt, which overwrites it; the second's next turn still matches a full forward."""
+    from agentgrad.backends.scoring import token_logprobs
+
+    policy = HFPolicy(loaded_tiny.model, eos_token_ids=loaded_tiny.eos_token_ids,
+                      pad_token_id=loaded_tiny.pad_token_id)
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    with policy.session(sampling, max_sequences=2, max_tokens=64) as s:
+        s.submit("a", prompt, 6)
+        s.submit("b", prompt, 6)
+        first = {}
+        while len(first) < 2:
+            first.update(s.step())
+        assert s.cache.alias_len.tolist() == [0, len(prompt)]  # b reads the prompt in a's slot
+        s.release("a")
+        s.submit("c", [13, 14, 15, 16, 17, 18, 19, 20, 21, 22], 6)  # a's slot, rewritten from position 0
+        s.submit("b", [30, 31], 6)
+        later = {}
+        while "b" not in later:
+            later.update(s.step())
+    context = prompt + list(first["b"].token_ids) + [30, 31]
+    full = context + list(later["b"].token_ids)
+    with torch.no_grad():
+        ids = torch.tensor([full])
+        lp = token_logprobs(loaded_tiny.model, ids, torch.ones_like(ids), 1.0)[0]
+    assert torch.allclose(lp[len(context):], torch.tensor(later["b"].logprobs), atol=1e-4)
