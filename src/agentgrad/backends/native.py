@@ -76,6 +76,7 @@ def kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native decode attention unavailable, decoding with torch ops: %s", exc)
         return None
+    log.debug("native decode attention: %s", lib._name)
     fn = lib.decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
