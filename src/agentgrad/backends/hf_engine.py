@@ -168,9 +168,10 @@ class NativeAttention:
 
 
 class LeanDecoder:
-    """`LeanStack` over a session's slot cache (`CachedAttention`). The weights are fused once per session, with
-    the attention scale folded into the query rows, so a session must not outlive a weight update; RoPE rows
-    are looked up in a table. Tests check logprobs against a full HF forward."""
+    """`LeanStack` over a session's slot cache (`NativeAttention` where the compiled kernel runs, else
+    `CachedAttention`). The weights are fused once per session, with the attention scale folded into the query
+    rows, so a session must not outlive a weight update; RoPE rows are looked up in a table. Tests check logprobs
+    against a full HF forward."""
 
     supports = staticmethod(lean_supports)
 
@@ -179,10 +180,10 @@ class LeanDecoder:
         with torch.no_grad():
             self.layers = layer_weights(body, query_scale=self.stack.head_dim ** -0.5)
         self.cos, self.sin = self.stack.rope_table(max_positions)  # (P, d)
-        weight = body.embed_tokens.weight
-        st = self.stack
-        self.native = (native.kernel() if native_attention and native.supports(
-            st.heads, st.kv_heads, st.head_dim, weight.dtype, weight.device) else None)
+        weight, stack = body.embed_tokens.weight, self.stack
+        usable = native_attention and native.supports(stack.heads, stack.kv_heads, stack.head_dim, weight.dtype,
+                                                      weight.device)
+        self.native = native.kernel() if usable else None  # None: torch's ops (`CachedAttention`)
 
     def positions(self, needed: int) -> None:
         if needed > self.cos.shape[0]:
@@ -196,7 +197,7 @@ class LeanDecoder:
         self.positions(L)
         if self.native is not None:
             attention = NativeAttention(self.native, cache, write_pos, rows, first, self.cos, self.sin,
-                                              self.stack.heads)
+                                        self.stack.heads)
             return self.stack.hidden(input_ids, self.cos, self.sin, self.layers, attention)
         keys = torch.arange(L, device=input_ids.device)
         dtype = self.stack.body.embed_tokens.weight.dtype
