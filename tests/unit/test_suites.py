@@ -336,3 +336,25 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_multi_tool_counts_the_hop_documents_an_episode_has_seen():
+    """`evidence`: distinct documents of the task's hops that a search listed or `open` showed, so far. The
+    first company twice counts once; the second company's search makes it 2; a SQL task has no hops, no signal."""
+    from agentgrad.envs import SUITES
+    from agentgrad.types import ToolCall
+
+    suite = SUITES.get("multi-tool")()
+    tasks = suite.sample_tasks(60, split="train", seed=0)
+    task = next(t for t in tasks if t.metadata["kind"] == "total_employees")
+    first, second = task.metadata["hops"]
+    env = suite.make_env()
+    env.reset(options={"task": task})
+    seen = [env.step(ToolCall("search", {"query": hop["entity"]}))[4]["signals"]["evidence"]
+            for hop in (first, first, second)]
+    assert seen == [1, 1, 2]
+    assert env.step(ToolCall("open", {"doc_id": first["doc_id"]}))[4]["signals"]["evidence"] == 2
+    sql_task = next(t for t in tasks if t.metadata["kind"].startswith("median"))
+    env.reset(options={"task": sql_task})
+    assert "evidence" not in env.step(ToolCall("search", {"query": first["entity"]}))[4]["signals"]
+    suite.close()

@@ -22,7 +22,7 @@ from agentgrad.answers import MATCHERS
 from agentgrad.envs.base import prompt_key
 from agentgrad.envs.tool_env import ToolEnv
 from agentgrad.tools.base import ToolSet
-from agentgrad.types import Task
+from agentgrad.types import Action, Task
 
 SPLITS = ("train", "heldout", "test")
 _SPLIT_BUCKETS = {"train": range(8), "heldout": range(8, 9), "test": range(9, 10)}
@@ -173,15 +173,35 @@ class TaskToolEnv(ToolEnv):
     """A ToolEnv whose tools depend on the task (its generated world: a corpus, a database).
 
     `toolset_for(task)` is called at every reset; it must return the same tools (names and schemas) for every task
-    of a suite, so the rendered prompt never changes, only what the tools see."""
+    of a suite, so the rendered prompt never changes, only what the tools see.
+
+    `evidence(task)`, when given, names the documents the task's answer rests on (its hops' doc ids): a call
+    whose result lists or opens one of them (the tool's `doc_ids` / `doc_id` signals) adds the signal
+    `evidence`, how many distinct ones the episode has seen so far, which a process reward can pay for
+    (rewards/process.py `Fact(signal="evidence", op=">=", value=n)`): a verifiable step of a multi-hop task."""
 
     def __init__(self, tools: ToolSet, verify: Callable[[Task, str | None], bool], *,
-                 toolset_for: Callable[[Task], ToolSet], system_prompt: str = "") -> None:
+                 toolset_for: Callable[[Task], ToolSet], system_prompt: str = "",
+                 evidence: Callable[[Task], frozenset[str]] | None = None) -> None:
         super().__init__(tools, verify, system_prompt=system_prompt)
         self._toolset_for = toolset_for
+        self._evidence = evidence
+        self._needed: frozenset[str] = frozenset()
+        self._seen: set[str] = set()
 
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         task = (options or {}).get("task")
         if isinstance(task, Task):
             self.tools = self._toolset_for(task)
+            self._needed = self._evidence(task) if self._evidence is not None else frozenset()
+        self._seen = set()
         return super().reset(seed=seed, options=options)
+
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        signals = info.get("signals")
+        if self._needed and signals is not None and info.get("tool_ok"):
+            shown = set(signals.get("doc_ids") or ()) | ({signals["doc_id"]} if signals.get("doc_id") else set())
+            self._seen |= shown & self._needed
+            info["signals"] = {**signals, "evidence": len(self._seen)}
+        return obs, reward, terminated, truncated, info

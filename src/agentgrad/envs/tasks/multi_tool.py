@@ -16,7 +16,14 @@ from typing import Any
 from agentgrad.envs.base import SUITES
 from agentgrad.envs.tasks import LRUCache, TaskToolEnv, sample_in_split, stream_rng, verify_by_kind
 from agentgrad.envs.tasks.code import LazySandbox
-from agentgrad.envs.tasks.search_qa import SearchQAOptions, SearchWorld, _hop, build_search_world, hop_actions
+from agentgrad.envs.tasks.search_qa import (
+    SearchQAOptions,
+    SearchWorld,
+    _hop,
+    build_search_world,
+    hop_actions,
+    hop_documents,
+)
 from agentgrad.envs.tasks.sql_qa import JOIN, SCHEMA, SqlQAOptions, SqlWorld, build_sql_world
 from agentgrad.tools.base import ToolSet
 from agentgrad.tools.calculator import calculator
@@ -136,7 +143,7 @@ class MultiToolSuite:
             self._template = ToolSet([*make_search_tools(Corpus([]), k=self._search_opts.k), calculator,
                                       make_sql_tool(Path(os.devnull)), self._python])
         return TaskToolEnv(self._template, self.verify, toolset_for=lambda task: self.world(task).tools,
-                           system_prompt=SYSTEM_PROMPT)
+                           system_prompt=SYSTEM_PROMPT, evidence=hop_documents)
 
     def close(self) -> None:
         """Stop this suite's sandbox servers (idempotent)."""

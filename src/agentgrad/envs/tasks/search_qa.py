@@ -187,6 +187,11 @@ def shows(text: str, value: str) -> bool:
     return re.search(r"(?<!\w)" + re.escape(value) + r"(?!\w)", text) is not None
 
 
+def hop_documents(task: Task) -> frozenset[str]:
+    """The documents a search task's answer rests on (its hops'), for `TaskToolEnv`'s `evidence` signal."""
+    return frozenset(hop["doc_id"] for hop in task.metadata.get("hops", ()))
+
+
 def hop_actions(tools: ToolSet, hops: list[dict[str, Any]]) -> list[ToolCall]:
     """The expert's calls for `hops`: search each entity by name; open its document when the snippet lacks the
     fact the next step needs (found by running the real, deterministic search tool)."""
@@ -237,7 +242,7 @@ class SearchQASuite:
         if self._template is None:  # the same tools over no documents: what legal_actions shows before reset
             self._template = ToolSet(make_search_tools(Corpus([]), k=self.options.k))
         return TaskToolEnv(self._template, self.verify, toolset_for=lambda task: self.world(task).tools,
-                           system_prompt=SYSTEM_PROMPT)
+                           system_prompt=SYSTEM_PROMPT, evidence=hop_documents)
 
 
 SUITES.add("search-qa", SearchQASuite)
