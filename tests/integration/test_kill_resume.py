@@ -6,11 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from forked_cli import agentgrad_train
 
 from agentgrad.config import build_config
 from agentgrad.data.store import TrajectoryStore
@@ -91,8 +91,8 @@ def agentgrad(args: list[str], kill_at: str | None = None) -> subprocess.Complet
     env.pop("AGENTGRAD_KILL_AT", None)
     if kill_at:
         env["AGENTGRAD_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "agentgrad.cli", "train", *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    # forked from a server that has the imports done (forked_cli.py): ~1.5 s a start instead of ~7 s
+    return agentgrad_train(args, env, timeout=600)
 
 
 def stable_metrics(run_dir: Path) -> list[dict]:
