@@ -1,9 +1,9 @@
 """Each of ppo, grpo, rest, dpo and mcts raises held-out success from the same BC-warmed start, by a margin beyond
 the noise of the evaluation (non-overlapping 95% intervals over 200 held-out tasks).
 
-BC runs once per module with the run's own stop rule (a partial policy); each algorithm then loads that
-checkpoint, runs a small budget, and is evaluated on the same held-out tasks. `benchmarks/learning_tests.py`
-re-runs this under other seeds and thread counts.
+BC runs once per session with the run's own stop rule (a partial policy: `bc_start` in conftest.py, which
+test_lora_tiny.py shares); each algorithm then loads that checkpoint, runs a small budget, and is evaluated on the
+same held-out tasks. `benchmarks/learning_tests.py` re-runs this under other seeds and thread counts.
 """
 
 import pytest
@@ -15,10 +15,9 @@ from agentgrad.logging import ProgressDisplay, RunLogger
 from agentgrad.pipelines.components import build_components
 from agentgrad.pipelines.run_state import run_alone
 from agentgrad.pipelines.schedule import STAGES
-from agentgrad.pipelines.train import held_out, train
+from agentgrad.pipelines.train import held_out
 from agentgrad.sinks import MemorySink
 
-BC = ["algo=bc"]
 # Per-algorithm budgets: rollout batches of 8 tasks x 8 samples each (ReST: its own Grow size).
 ALGOS = {
     "grpo": ["algo.steps=15"],
@@ -41,15 +40,6 @@ ALGOS = {
     "mcts": ["mcts.iterations=8"],
 }
 MIN_LIFT = 0.15
-
-
-@pytest.fixture(scope="module")
-def bc_start(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bc")
-    summary = train(build_config(overrides=[*FAST, *BC, f"run.output_dir={root}"]))
-    start = summary["final_eval"]
-    assert 0.1 <= start["success_rate"] <= 0.7, f"BC's stop rule handed on {start['success_rate']:.0%}"
-    return root / "fast" / "checkpoints" / "bc", start
 
 
 @pytest.mark.slow

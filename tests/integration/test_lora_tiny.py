@@ -12,7 +12,6 @@ import torch
 pytest.importorskip("peft", reason="the lora extra is not installed (pip install 'agentgrad[lora]')")
 
 from learning import assert_lift
-from test_algorithms_tiny import bc_start  # noqa: F401  (bc_start: a module-scoped fixture)
 from test_kill_resume import SRC, TINY, _importable_reward, agentgrad, ref_then_killed_run, stable_metrics  # noqa: F401
 from test_train_tiny import FAST
 
@@ -32,7 +31,7 @@ LORA = ["model.lora.r=8", "model.lora.alpha=16", "algo.lr=1e-3"]
 
 @pytest.mark.slow
 @pytest.mark.learning
-def test_lora_grpo_raises_heldout_success_and_leaves_the_base_alone(bc_start, tmp_path):  # noqa: F811
+def test_lora_grpo_raises_heldout_success_and_leaves_the_base_alone(bc_start, tmp_path):
     checkpoint, start = bc_start
     config = build_config(overrides=[*FAST, "bc.steps=0", f"model.path={checkpoint}", "algo=grpo",
                                      "algo.steps=15", "algo.kl_coef=0.01", *LORA])

@@ -6,8 +6,10 @@ The model is the fast run's shape with 2 attention heads: vLLM's CPU attention t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -52,7 +54,11 @@ def bc_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def components(bc_checkpoint, tmp_path_factory):
+def engines(bc_checkpoint, tmp_path_factory):
+    """The components with the in-process engine, and a future of test_server_mode_on_loopback's server
+    (rollout.vllm_server=start), which starts once the in-process engine is up (the environment the server
+    inherits is then the one it always had) and boots in its own process (~50 s: an interpreter importing vLLM,
+    then its engine) while the tests before that one, the train test last, run on the other core."""
     checkpoint, _ = bc_checkpoint
     config = build_config(overrides=[*SHAPE, "bc.steps=0", f"model.path={checkpoint}", "rollout.backend=vllm",
                                      f"algo.tasks_per_step={TASKS}", f"algo.group_size={G}",
@@ -60,8 +66,21 @@ def components(bc_checkpoint, tmp_path_factory):
     c = build_components(config, tmp_path_factory.mktemp("vllm"))
     c.rollout_runner = VLLMRollout(config, c.model_dir, c.loaded.eos_token_ids, c.run_dir)
     c.rollout_runner.sync_weights(0, c.loaded.model.state_dict())
-    yield c
-    close_rollout(c)
+    server_config = build_config(overrides=[*SHAPE, f"model.path={c.model_dir}", "rollout.backend=vllm",
+                                            "rollout.vllm_server=start"])
+    with ThreadPoolExecutor(1) as pool:
+        server = pool.submit(VLLMRollout, server_config, c.model_dir, c.loaded.eos_token_ids, c.run_dir)
+        try:
+            yield c, server
+        finally:
+            with contextlib.suppress(Exception):  # a server the test did not get to (or failed to start)
+                server.result().close()
+            close_rollout(c)
+
+
+@pytest.fixture(scope="module")
+def components(engines):
+    return engines[0]
 
 
 def episodes(c, policy, tasks, sampling):
@@ -123,29 +142,6 @@ def assert_weights_follow_the_learner(c, runner):
     finally:
         c.loaded.model.load_state_dict(saved)
         runner.sync_weights(runner.version + 1, c.loaded.model.state_dict())
-
-
-def test_server_mode_on_loopback(components):
-    """vLLM's OpenAI-compatible server started by the run on 127.0.0.1: token ids in and out over HTTP, the same
-    greedy episodes as the HF engine, weights reloaded from the file the learner writes."""
-    c = components
-    config = build_config(overrides=[*SHAPE, f"model.path={c.model_dir}", "rollout.backend=vllm",
-                                     "rollout.vllm_server=start"])
-    server = VLLMRollout(config, c.model_dir, c.loaded.eos_token_ids, c.run_dir)
-    try:
-        assert server.policy.url.startswith("http://127.0.0.1:")
-        server.sync_weights(0, c.loaded.model.state_dict())
-        tasks = c.suite.sample_tasks(8, split="test", seed=SEED)
-        hf = episodes(c, c.policy, tasks, greedy(c))
-        served = episodes(c, server.policy, tasks, greedy(c))
-        assert sum(len(ep.turns) for ep in hf) > len(tasks)  # multi-turn
-        for a, b in zip(hf, served):
-            assert a.token_ids == b.token_ids and a.stop_reason == b.stop_reason
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < LOGPROB_ATOL
-        assert_weights_follow_the_learner(c, server)
-    finally:
-        server.close()
-    assert server.policy.process.poll() is not None  # the run's server is stopped with it
 
 
 PUBLIC = frozenset(s.name for s in catalog() if not s.auth)  # api-catalog's legal tools before login
@@ -246,3 +242,25 @@ def test_train_with_vllm_rollouts_lifts_held_out_success(bc_checkpoint, tmp_path
                                             "algo.steps=15", "rollout.backend=vllm",
                                             f"run.output_dir={tmp_path}"]))
     assert_lift("grpo (rollout.backend=vllm)", start, summary["final_eval"], min_points=0.15)
+
+
+def test_server_mode_on_loopback(engines):
+    """vLLM's OpenAI-compatible server started by the run on 127.0.0.1: token ids in and out over HTTP, the same
+    greedy episodes as the HF engine, weights reloaded from the file the learner writes."""
+    # last in the file: its server has been starting since the `engines` fixture set up
+    c, started = engines
+    server = started.result()
+    try:
+        assert server.policy.url.startswith("http://127.0.0.1:")
+        server.sync_weights(0, c.loaded.model.state_dict())
+        tasks = c.suite.sample_tasks(8, split="test", seed=SEED)
+        hf = episodes(c, c.policy, tasks, greedy(c))
+        served = episodes(c, server.policy, tasks, greedy(c))
+        assert sum(len(ep.turns) for ep in hf) > len(tasks)  # multi-turn
+        for a, b in zip(hf, served):
+            assert a.token_ids == b.token_ids and a.stop_reason == b.stop_reason
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < LOGPROB_ATOL
+        assert_weights_follow_the_learner(c, server)
+    finally:
+        server.close()
+    assert server.policy.process.poll() is not None  # the run's server is stopped with it
