@@ -166,8 +166,10 @@ class RolloutConfig(Section):
     batch_invariant: bool = Field(False, description="Attend over the whole key length (max_total_tokens) at "
                                   "every decode step, so an episode's floats never depend on which episodes share "
                                   "its step: a fixed seed repeats tokens and logprobs bit for bit whatever the tool "
-                                  "timing, with overlap kept, at a cost in decode speed (28% fewer tokens/s on the "
-                                  "tiny model, benchmarks/rollout_throughput.py). Off, a draw that falls within "
+                                  "timing, with overlap kept. With torch's attention that costs decode speed (28% "
+                                  "fewer tokens/s on the tiny model, benchmarks/rollout_throughput.py); the compiled "
+                                  "attention (native_attention) reads each row's own length either way. Off, a "
+                                  "draw that falls within "
                                   "rounding of a sampling boundary can flip a token when tool timing changes.")
     native_attention: bool = Field(True, description="The rollout engine on CPU in fp32 runs each layer's RoPE, "
                                    "KV-cache write and attention as one compiled C call (backends/decode_attention.c, "

@@ -4,7 +4,7 @@ Built with the machine's C compiler (`$CC`, else `cc`) at `-O3 -march=native` in
 (`$XDG_CACHE_HOME/agentgrad/native`, else `~/.cache/agentgrad/native`), keyed by the source, the compiler and
 the CPU's flags, so a home directory shared between machines never loads another CPU's build. It has no Python or
 torch headers to compile against (a fraction of a second). Where no compiler works, or with
-`rollout.native_attention=off`, decoding keeps torch's ops: the same numbers up to float rounding
+`rollout.native_attention=false`, decoding keeps torch's ops: the same numbers up to float rounding
 (tests/unit/test_native_attention.py compares them).
 """
 
@@ -72,11 +72,12 @@ def _build() -> Path:
 def kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """The compiled `decode_attention`, or None (logged once) when it cannot be built or loaded here."""
     try:
-        lib = ctypes.CDLL(str(_build()))
+        path = _build()
+        lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native decode attention unavailable, decoding with torch ops: %s", exc)
         return None
-    log.debug("native decode attention: %s", lib._name)
+    log.debug("native decode attention: %s", path)
     fn = lib.decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
