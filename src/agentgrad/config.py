@@ -329,6 +329,18 @@ class AlgoConfig(Section):
                             "new tasks until tasks_per_step groups have signal (DAPO dynamic sampling).")
     max_resample_rounds: int = Field(3, ge=0, description="zero_signal=resample: extra rollout rounds per step "
                                                           "at most (then train on what has signal).")
+    task_sampling: Literal["uniform", "signal"] = Field(
+        "uniform", description="How RL draws its training tasks: uniform over the suite's train split, or signal: "
+                               "task_pool x as many drawn uniformly, then kept in proportion to how often groups of "
+                               "their kind (task.metadata['kind']) had signal over the last ~10 steps "
+                               "(algos/task_sampling.py; logged as sampling/signal_rate/KIND). Evaluation is never "
+                               "reweighted.")
+    task_pool: int = Field(4, ge=1, description="task_sampling=signal: candidate tasks drawn per task kept.")
+    expert_samples: int = Field(0, ge=0, description="Copies of the suite's expert episode added to each fresh "
+                                "group (off-policy guidance, LUFFY, Yan et al. 2025; pipelines/guidance.py): a group "
+                                "the policy fails in every sample then has signal. Scored by the policy as it "
+                                "samples; kept out of rollout metrics and the store. 0: off. Needs the suite's "
+                                "expert.")
 
 
 class StageConfig(Section):
@@ -386,8 +398,10 @@ class Config(Section):
         if self.model.path is None and self.rollout.max_total_tokens > self.model.tiny.max_positions:
             raise ValueError(f"rollout.max_total_tokens={self.rollout.max_total_tokens} exceeds the tiny model's "
                              f"context, model.tiny.max_positions={self.model.tiny.max_positions}")
-        if self.rollout.max_staleness and (self.replay.enabled or self.rollout.action_head != "tokens"):
-            raise ValueError("rollout.max_staleness > 0 needs replay.enabled=false and rollout.action_head=tokens")
+        if self.rollout.max_staleness and (self.replay.enabled or self.rollout.action_head != "tokens"
+                                          or self.algo.expert_samples):
+            raise ValueError("rollout.max_staleness > 0 needs replay.enabled=false, rollout.action_head=tokens "
+                             "and algo.expert_samples=0")
         if self.rollout.backend == "vllm" and (self.rollout.action_head != "tokens" or self.model.lora.r > 0):
             raise ValueError("rollout.backend=vllm cannot pause a turn for an action head and loads full weights: it "
                              "needs rollout.action_head=tokens and model.lora.r=0")

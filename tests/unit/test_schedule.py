@@ -187,7 +187,7 @@ def test_dynamic_sampling(monkeypatch, mode, max_rounds, expected_rounds, expect
               1: [_group("r1a", [0, 1]), _group("r1b", [0, 0]), _group("r1c", [0, 0])],
               2: [_group("r2a", [0, 0]), _group("r2b", [1, 0]), _group("r2c", [1, 0])],
               3: [_group("r3a", [1, 0])] * 3}
-    monkeypatch.setattr(rl, "rl_tasks", lambda c, step, round_index=0, n=None: round_index)
+    monkeypatch.setattr(rl, "rl_tasks", lambda c, step, round_index=0, n=None, kind_counts=None: round_index)
     monkeypatch.setattr(rl, "rollout_groups", lambda c, tasks, step, group_size=None, round_index=0: rounds[tasks])
     cfg = build_config(overrides=["algo.tasks_per_step=3", f"algo.zero_signal={mode}",
                                   f"algo.max_resample_rounds={max_rounds}"])

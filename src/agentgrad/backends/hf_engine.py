@@ -426,13 +426,13 @@ class HFSession:
         ids = those of the current turn. A Python call per row and step, paid only when a processor is set."""
         if self.logits_processor is None:
             return None
-        slot_list = slots.tolist()
-        keys = [self._key_of[i] for i in slot_list]
+        keys = [self._key_of[i] for i in slots.tolist()]
         counts = self.gen_count[slots].tolist()
+        generated = self.gen_ids[slots, :max(counts, default=0)].tolist()  # one copy for all rows, not one a row
 
         def processor(row_logits: torch.Tensor) -> torch.Tensor:
-            return torch.stack([self.logits_processor(k, self.gen_ids[sl, :c].tolist(), row_logits[r])
-                                for r, (k, sl, c) in enumerate(zip(keys, slot_list, counts))])
+            return torch.stack([self.logits_processor(k, ids[:c], row_logits[r])
+                                for r, (k, ids, c) in enumerate(zip(keys, generated, counts))])
 
         return processor
 

@@ -20,6 +20,7 @@ import torch
 from agentgrad.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageParams, masked_whiten
 from agentgrad.algos.kl import KLController, kl_estimate, kl_loss, kl_reward_penalty, make_kl_controller, sequence_kl
 from agentgrad.algos.losses import masked_mean, ppo_clip_loss, value_loss
+from agentgrad.algos.task_sampling import KindCounts, kind_weight, observe, signal_rate, weighted_pick
 from agentgrad.algos.values import explained_variance
 from agentgrad.backends.base import SamplingParams
 from agentgrad.backends.scoring import Scoring
@@ -33,6 +34,7 @@ from agentgrad.models.value import Critic, build_critic
 from agentgrad.pipelines.async_rollout import RolloutPrefetch, drop_stale
 from agentgrad.pipelines.components import Components
 from agentgrad.pipelines.faults import NonFiniteGuard, fault_metrics, mask_tool_faults
+from agentgrad.pipelines.guidance import with_expert_samples
 from agentgrad.pipelines.mismatch import monitor_mismatch
 from agentgrad.pipelines.replay import (
     add_fresh,
@@ -88,6 +90,8 @@ class RLState:
     reference_head: torch.nn.Module | None = None
     """The factored head frozen as the stage starts (rollout.action_head=factored with a KL term): scores the
     head's decisions for the KL as `reference` scores the tokens."""
+    kind_counts: dict[str, KindCounts] | None = None
+    """algo.task_sampling=signal: each task kind's recent groups and those with signal, which weight the draw."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_controller.state_dict(),
@@ -95,7 +99,9 @@ class RLState:
                 "reference": self.reference.state_dict() if self.reference is not None else None,
                 "reference_head": self.reference_head.state_dict() if self.reference_head is not None else None,
                 "replay": self.replay.state_dict() if self.replay is not None else None,
-                "success_ema": self.success_ema, "consecutive_nonfinite": self.nonfinite.consecutive}
+                "success_ema": self.success_ema, "consecutive_nonfinite": self.nonfinite.consecutive,
+                "kind_counts": None if self.kind_counts is None else
+                {k: [c.groups, c.signal] for k, c in self.kind_counts.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.kl_controller.load_state_dict(state["kl_controller"])
@@ -105,6 +111,8 @@ class RLState:
                 target.load_state_dict(state[key])
         self.success_ema = state["success_ema"]
         self.nonfinite.consecutive = state["consecutive_nonfinite"]
+        if self.kind_counts is not None and state.get("kind_counts") is not None:
+            self.kind_counts = {k: KindCounts(*v) for k, v in state["kind_counts"].items()}
 
 
 def start_rl(c: Components, saved: Mapping[str, Any] | None = None, *, algorithm: OnlineAlgorithm | None = None,
@@ -125,7 +133,7 @@ def start_rl(c: Components, saved: Mapping[str, Any] | None = None, *, algorithm
         critic = build_critic(c.loaded.model, c.config.critic.model, lr=c.config.critic.lr, grad_clip=algo.grad_clip)
     state = RLState(algorithm, Scoring(c.config.rollout.temperature), reference, kl_controller, critic,
                     replay=build_replay(c.config), nonfinite=NonFiniteGuard(c.config.faults.max_consecutive_nonfinite),
-                    reference_head=reference_head)
+                    reference_head=reference_head, kind_counts={} if algo.task_sampling == "signal" else None)
     if saved is not None:
         state.load_state_dict(saved)
     return state
@@ -134,11 +142,26 @@ def start_rl(c: Components, saved: Mapping[str, Any] | None = None, *, algorithm
 # ---- rollout ------------------------------------------------------------------------------------------------
 
 
-def rl_tasks(c: Components, step: int, round_index: int = 0, n: int | None = None) -> list[Task]:
+def rl_tasks(c: Components, step: int, round_index: int = 0, n: int | None = None,
+             kind_counts: Mapping[str, KindCounts] | None = None) -> list[Task]:
+    """`n` (default tasks_per_step) training tasks for `step`; with `kind_counts` (algo.task_sampling=signal)
+    kept from a larger uniform pool in proportion to their kind's signal rate."""
     # A seed stream disjoint from the BC demos (seed + 1) and from evaluation (the held-out split); resampling
     # rounds of dynamic sampling draw further tasks from the same stream.
-    return c.suite.sample_tasks(n or c.config.algo.tasks_per_step, split="train",
-                                seed=(c.config.run.seed + 1) * 1_000_003 + step + 7_919 * round_index)
+    n = n or c.config.algo.tasks_per_step
+    seed = (c.config.run.seed + 1) * 1_000_003 + step + 7_919 * round_index
+    if kind_counts is None:
+        return c.suite.sample_tasks(n, split="train", seed=seed)
+    pool = c.suite.sample_tasks(n * c.config.algo.task_pool, split="train", seed=seed)
+    return [pool[i] for i in weighted_pick([kind_weight(kind_counts, task_kind(t)) for t in pool], n, seed)]
+
+
+def task_kind(task: Task) -> str:
+    return str(task.metadata.get("kind", ""))
+
+
+def sampling_metrics(kind_counts: Mapping[str, KindCounts] | None) -> dict[str, float]:
+    return {f"sampling/signal_rate/{k or 'none'}": signal_rate(v) for k, v in (kind_counts or {}).items()}
 
 
 def rollout_groups(c: Components, tasks: Sequence[Task], step: int, group_size: int | None = None,
@@ -169,7 +192,8 @@ class Rollout:
 
 
 def collect_groups(c: Components, step: int, num_groups: int | None = None,
-                   prefetch: RolloutPrefetch | None = None) -> Rollout:
+                   prefetch: RolloutPrefetch | None = None, kind_counts: Mapping[str, KindCounts] | None = None
+                   ) -> Rollout:
     """`num_groups` (default tasks_per_step) rollout groups, then apply `algo.zero_signal`: keep, filter, or
     resample (DAPO dynamic sampling, Yu et al. 2025: draw new tasks until `num_groups` groups have signal or
     `max_resample_rounds` extra rounds ran). With async rollouts (`prefetch`) the first round is the one started
@@ -184,19 +208,18 @@ def collect_groups(c: Components, step: int, num_groups: int | None = None,
 
     sampled = prefetch.take(step) if prefetch is not None else None
     if sampled is None:
-        sampled = rollout(rl_tasks(c, step, n=n), step)
+        sampled = rollout(rl_tasks(c, step, n=n, kind_counts=kind_counts), step)
     metrics: dict[str, float] = {}
     if prefetch is not None:
         sampled, metrics = drop_stale(sampled, step, prefetch.max_staleness)
+    guided = with_expert_samples(c, sampled)  # what trains: with algo.expert_samples, the expert in each group
     rounds = 1
     if algo.zero_signal == "resample":
-        while sum(not g.is_zero_signal for g in sampled) < n and rounds <= algo.max_resample_rounds:
-            sampled += rollout(rl_tasks(c, step, rounds, n=n), step, round_index=rounds)
+        while sum(not g.is_zero_signal for g in guided) < n and rounds <= algo.max_resample_rounds:
+            more = rollout(rl_tasks(c, step, rounds, n=n, kind_counts=kind_counts), step, round_index=rounds)
+            sampled, guided = sampled + more, guided + with_expert_samples(c, more)
             rounds += 1
-    if algo.zero_signal == "keep":
-        kept = sampled
-    else:
-        kept = select_signal_groups(sampled, n)
+    kept = guided if algo.zero_signal == "keep" else select_signal_groups(guided, n)
     return Rollout(tuple(kept), tuple(sampled), rounds, metrics)
 
 
@@ -449,7 +472,10 @@ def mix_replay(c: Components, state: RLState, rollout: Rollout, step: int, num_r
 def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | None) -> dict[str, float]:
     t0 = time.perf_counter()
     num_fresh, num_replayed = plan_step(c.config, state.replay, state.success_ema or 0.0)
-    rollout = collect_groups(c, step, num_fresh, state.prefetch)
+    rollout = collect_groups(c, step, num_fresh, state.prefetch, state.kind_counts)
+    if state.kind_counts is not None:
+        state.kind_counts = observe(state.kind_counts, ((task_kind(g.task), not g.is_zero_signal)
+                                                        for g in rollout.sampled))
     if state.prefetch is not None:  # the next steps sample with the weights before this update, as it runs
         state.prefetch.start_ahead(step, lambda: {k: v.detach().clone()
                                                   for k, v in c.loaded.model.state_dict().items()})
@@ -460,7 +486,7 @@ def rl_step(c: Components, step: int, state: RLState, store: TrajectoryStore | N
                      groups=[f"{step}:{i}" for i, g in enumerate(rollout.sampled) for _ in g.samples])
     metrics = rollout_metrics(rollout.sampled) | fault_metrics(rollout.sampled) | {
         "rollout/rounds": float(rollout.rounds), "rollout/groups_trained": float(len(rollout.groups)),
-        "train/kl_coef": state.kl_controller.value, **rollout.metrics}
+        "train/kl_coef": state.kl_controller.value, **rollout.metrics, **sampling_metrics(state.kind_counts)}
     if c.rollout_runner is not None:
         metrics |= c.rollout_runner.metrics()
     groups, replay_metrics = mix_replay(c, state, rollout, step, num_replayed)
@@ -494,7 +520,8 @@ def _start(c: Components, logger: RunLogger, first_step: int, saved: Mapping[str
     if k > 0:
         n = c.config.algo.tasks_per_step
         state.prefetch = RolloutPrefetch(k, first_step + c.config.algo.steps - 1, lambda step, version, weights:
-                                         rollout_groups(c, rl_tasks(c, step, n=n), step, version=version,
+                                         rollout_groups(c, rl_tasks(c, step, n=n, kind_counts=state.kind_counts),
+                                                        step, version=version,
                                                         weights=weights))
     return state
 

@@ -81,7 +81,10 @@ class ToolNameDecoder:
                 self._by_first.setdefault(s[0], []).append(i)
         self._rules: dict[tuple[frozenset[str], str], Rule | None] = {}
         self._prefixes: dict[frozenset[str], frozenset[str]] = {}
-        self._tensors: dict[tuple[Rule, str], torch.Tensor] = {}
+        # id(rule) -> (rule, its ids as a tensor): rules are the cached objects below, and hashing a rule's id
+        # tuple (hundreds of ids) per row and token cost more than the masking; holding the rule keeps its id
+        self._tensors: dict[int, tuple[Rule, torch.Tensor]] = {}
+        self._no_answer: Rule = (self.eos_token_ids, False)
         self._copy_rules: dict[tuple[str, str, str | LiteralState], Rule | None] = {}
         self._literal_tokens = [i for i, s in enumerate(self.strings) if literal_chars(s)]
         self._literal_states: dict[str, LiteralState] = {}  # a composed value so far -> its state
@@ -98,7 +101,7 @@ class ToolNameDecoder:
                 return self._value_rule(copy, source, tail[len(self.header):])
             return None
         if mask is not None and not mask.final_answer and OPEN not in text:
-            return self.eos_token_ids, False  # answering is illegal: this turn may not end without a call
+            return self._no_answer  # answering is illegal: this turn may not end without a call
         if copy.answer and start < 0:
             return self._cached(("answer", source, text), lambda: (answer_ids(
                 self.strings, self._by_first, source, text, self.eos_token_ids), True))
@@ -182,12 +185,12 @@ class ToolNameDecoder:
 
     def apply(self, logits: torch.Tensor, rule: Rule) -> torch.Tensor:
         ids, allow = rule
-        key = (rule, str(logits.device))
-        if key not in self._tensors:
+        hit = self._tensors.get(id(rule))
+        if hit is None or hit[0] is not rule or hit[1].device != logits.device:
             if len(self._tensors) > _CACHE_LIMIT:
                 self._tensors.clear()
-            self._tensors[key] = torch.tensor(ids, dtype=torch.long, device=logits.device)
-        index = self._tensors[key]
+            hit = self._tensors[id(rule)] = (rule, torch.tensor(ids, dtype=torch.long, device=logits.device))
+        index = hit[1]
         if allow:
             return torch.full_like(logits, float("-inf")).index_copy(0, index, logits[index])
         return logits.index_fill(0, index, float("-inf"))

@@ -121,53 +121,74 @@ def open_value(name_and_rest: str, escapes: bool = False) -> tuple[str, str, str
     return (name, m.group(1), m.group(2)) if m else None
 
 
-def _continuations(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, partial: str
-                   ) -> tuple[list[int], set[str], set[str]]:
-    """What may follow `partial` where it occurs at a word start of `source`: the candidate tokens (those whose
-    first character follows it somewhere, and `"`'s), every text that can follow it up to the longest candidate
-    (`grows`), and those of them that end a whole span (`ends`: "" when `partial` itself is one). One scan of
-    the occurrences instead of a search of the source per candidate token."""
+@lru_cache(maxsize=256)  # a rollout asks about the same few sources (its open turns') many times a step
+def _boundaries(source: str) -> bytes:
+    """Flag i: whether position i of `source` lies between words (`_boundary`), for i in 0..len(source)."""
+    return bytes(_boundary(source, i) for i in range(len(source) + 1))
+
+
+def _at_word_start(source: str, text: str, bounds: bytes) -> bool:
+    """Whether `text` (non-empty) occurs in `source` starting at a word boundary."""
+    i = source.find(text)
+    while i >= 0:
+        if bounds[i]:
+            return True
+        i = source.find(text, i + 1)
+    return False
+
+
+def _candidates(by_first: Mapping[str, Sequence[int]], source: str, bounds: bytes, partial: str) -> list[int]:
+    """The tokens that may follow `partial` where it occurs at a word start of `source`: those whose first
+    character follows it somewhere, and `"`'s."""
     n = len(partial)
-    starts = [i + n for i in word_starts(source, partial)]  # where the continuation of each occurrence begins
-    firsts = {source[j] for j in starts if j < len(source)} | {'"'}
-    candidates = [i for c in firsts for i in by_first.get(c, ())]
-    width = max((len(strings[i]) for i in candidates), default=0)
-    grows, ends = set(), set()
-    for j in starts:
-        for k in range(min(width, len(source) - j) + 1):
-            piece = source[j:j + k]
-            grows.add(piece)
-            if _boundary(source, j + k):
-                ends.add(piece)
-    return candidates, grows, ends
+    firsts = {source[i + n] for i in _starts(source, partial, bounds) if i + n < len(source)} | {'"'}
+    return [i for c in firsts for i in by_first.get(c, ())]
+
+
+def _starts(source: str, text: str, bounds: bytes) -> list[int]:
+    if not text:
+        return [i for i, b in enumerate(bounds) if b]
+    return [i for i in _find_all(source, text) if bounds[i]]
+
+
+def _find_all(source: str, text: str) -> list[int]:
+    out, i = [], source.find(text)
+    while i >= 0:
+        out.append(i)
+        i = source.find(text, i + 1)
+    return out
 
 
 def value_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, partial: str) -> list[int]:
     """Tokens that keep a string value the start of a span of `source`; a token may close the string (`"` and
-    anything after it) once the value is a whole span (`is_span`)."""
-    candidates, grows, ends = _continuations(strings, by_first, source, partial)
+    anything after it) once the value is a whole span (`is_span`). A token string s keeps it so when
+    `partial + s` occurs at a word start: one search of the source per candidate, in C."""
+    bounds = _boundaries(source)
 
     def legal(s: str) -> bool:
         q = s.find('"')
-        return s in grows if q < 0 else bool(partial or q) and s[:q] in ends
+        if q < 0:
+            return _at_word_start(source, partial + s, bounds)
+        return bool(partial or q) and is_span(source, partial + s[:q])
 
-    return [i for i in candidates if legal(strings[i])]
+    return [i for i in _candidates(by_first, source, bounds, partial) if legal(strings[i])]
 
 
 def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, text: str,
                eos_ids: Sequence[int]) -> list[int]:
     """Tokens that keep a turn either the start of a `<tool_call>` or the start of a span of `source`; the turn
     may end (eos) once it is a whole span."""
-    candidates, grows, ends = _continuations(strings, by_first, source, text)
+    bounds = _boundaries(source)
+    candidates = _candidates(by_first, source, bounds, text)
     if len(text) < len(OPEN) and OPEN.startswith(text):
         candidates += by_first.get(OPEN[len(text)], ())
 
     def legal(s: str) -> bool:
         v = text + s
-        return s in grows or OPEN.startswith(v) or (v.startswith(OPEN) and not text)
+        return _at_word_start(source, v, bounds) or OPEN.startswith(v) or (v.startswith(OPEN) and not text)
 
     ids = [i for i in set(candidates) if legal(strings[i])]
-    if text and "" in ends:
+    if text and is_span(source, text):
         ids += list(eos_ids)
     return ids
 
