@@ -197,7 +197,9 @@ def collect_groups(c: Components, step: int, num_groups: int | None = None,
     """`num_groups` (default tasks_per_step) rollout groups, then apply `algo.zero_signal`: keep, filter, or
     resample (DAPO dynamic sampling, Yu et al. 2025: draw new tasks until `num_groups` groups have signal or
     `max_resample_rounds` extra rounds ran). With async rollouts (`prefetch`) the first round is the one started
-    ahead, less its groups past the staleness bound, and every round runs on the rollout thread."""
+    ahead, less its groups past the staleness bound, and every round runs on the rollout thread. With
+    `algo.expert_samples` the groups kept (and counted for signal) hold the expert's episode too; `sampled` does
+    not."""
     algo = c.config.algo
     n = num_groups or algo.tasks_per_step
 
