@@ -30,7 +30,7 @@ MAX_DROPPED_SHARE = 0.01
 a few in 2,000); more than that means the limits cut a whole kind of task, which BC would then never learn."""
 
 
-_FINISHED = (StopReason.ANSWERED, StopReason.ENV_TERMINATED)  # a game's env may end the episode itself
+FINISHED = (StopReason.ANSWERED, StopReason.ENV_TERMINATED)  # a game's env may end the episode itself
 
 
 class DemoLimitError(ValueError):
@@ -79,8 +79,8 @@ def check_demos_fit(demos: list[Trajectory], limits: EpisodeLimits, *,
     """Split the demonstrations into those that fit `limits` and those that do not (cut before answering, or with a
     turn longer than rollout.max_new_tokens_per_turn). Raises DemoLimitError, saying which limit to raise, when
     more than `max_dropped_share` of them do not fit."""
-    cut = [d for d in demos if d.stop_reason not in _FINISHED]
-    long_turns = [d for d in demos if d.stop_reason in _FINISHED
+    cut = [d for d in demos if d.stop_reason not in FINISHED]
+    long_turns = [d for d in demos if d.stop_reason in FINISHED
                   and DemoLength.of(d).max_turn_tokens > limits.max_new_tokens_per_turn]
     problems = []
     if cut:

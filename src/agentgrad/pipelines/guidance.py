@@ -8,8 +8,8 @@ little (an all-solved group stays without signal).
 
 The expert episode is encoded through the rollout's own path (`expert_trajectory`, as BC's demonstrations are)
 and its behaviour logprobs are the policy's own as the step samples (the learner's scoring path, at the rollout
-temperature), so
-its importance ratio starts at 1 and PPO's clip bounds how far one step moves it, as for any sample. It carries
+temperature), so its importance ratio starts at 1 and PPO's clip bounds how far one step moves it, as for any
+sample. It carries
 no token masks: it is scored unmasked on both sides of the ratio. It joins the groups the step trains on, never
 the sampled ones: rollout metrics and the trajectory store see the policy's samples only.
 """
@@ -24,9 +24,10 @@ import torch
 
 from agentgrad.backends.scoring import Scoring
 from agentgrad.envs.base import close_env
+from agentgrad.pipelines.demos import FINISHED
 from agentgrad.rewards.base import score
 from agentgrad.rollout.loop import expert_trajectory
-from agentgrad.types import StopReason, Trajectory, TrajectoryGroup
+from agentgrad.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from agentgrad.pipelines.components import Components
@@ -44,7 +45,7 @@ def with_expert_samples(c: Components, groups: Sequence[TrajectoryGroup]) -> lis
     finally:
         close_env(env)
     scored = score(policy_scored(c, experts), c.reward_fn, c.suite)
-    fits = [e.trajectory.stop_reason in (StopReason.ANSWERED, StopReason.ENV_TERMINATED) for e in scored]
+    fits = [e.trajectory.stop_reason in FINISHED for e in scored]  # as BC's demonstrations must
     return [TrajectoryGroup(g.task, (*g.samples, *([e] * k if fit else []))) for g, e, fit in zip(groups, scored, fits)]
 
 

@@ -97,11 +97,12 @@ def _boundary(source: str, i: int) -> bool:
 
 def word_starts(source: str, text: str) -> list[int]:
     """Where `text` occurs in `source` starting at a word boundary (every boundary when `text` is empty)."""
+    bounds = _boundaries(source)
     if not text:
-        return [i for i in range(len(source)) if _boundary(source, i)]
+        return [i for i in range(len(source)) if bounds[i]]
     out, i = [], source.find(text)
     while i >= 0:
-        if _boundary(source, i):
+        if bounds[i]:
             out.append(i)
         i = source.find(text, i + 1)
     return out
@@ -137,26 +138,12 @@ def _at_word_start(source: str, text: str, bounds: bytes) -> bool:
     return False
 
 
-def _candidates(by_first: Mapping[str, Sequence[int]], source: str, bounds: bytes, partial: str) -> list[int]:
+def _candidates(by_first: Mapping[str, Sequence[int]], source: str, partial: str) -> list[int]:
     """The tokens that may follow `partial` where it occurs at a word start of `source`: those whose first
     character follows it somewhere, and `"`'s."""
     n = len(partial)
-    firsts = {source[i + n] for i in _starts(source, partial, bounds) if i + n < len(source)} | {'"'}
+    firsts = {source[i + n] for i in word_starts(source, partial) if i + n < len(source)} | {'"'}
     return [i for c in firsts for i in by_first.get(c, ())]
-
-
-def _starts(source: str, text: str, bounds: bytes) -> list[int]:
-    if not text:
-        return [i for i, b in enumerate(bounds) if b]
-    return [i for i in _find_all(source, text) if bounds[i]]
-
-
-def _find_all(source: str, text: str) -> list[int]:
-    out, i = [], source.find(text)
-    while i >= 0:
-        out.append(i)
-        i = source.find(text, i + 1)
-    return out
 
 
 def value_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, partial: str) -> list[int]:
@@ -171,7 +158,7 @@ def value_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], sou
             return _at_word_start(source, partial + s, bounds)
         return bool(partial or q) and is_span(source, partial + s[:q])
 
-    return [i for i in _candidates(by_first, source, bounds, partial) if legal(strings[i])]
+    return [i for i in _candidates(by_first, source, partial) if legal(strings[i])]
 
 
 def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], source: str, text: str,
@@ -179,7 +166,7 @@ def answer_ids(strings: Sequence[str], by_first: Mapping[str, Sequence[int]], so
     """Tokens that keep a turn either the start of a `<tool_call>` or the start of a span of `source`; the turn
     may end (eos) once it is a whole span."""
     bounds = _boundaries(source)
-    candidates = _candidates(by_first, source, bounds, text)
+    candidates = _candidates(by_first, source, text)
     if len(text) < len(OPEN) and OPEN.startswith(text):
         candidates += by_first.get(OPEN[len(text)], ())
 
